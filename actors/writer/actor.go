@@ -1,0 +1,248 @@
+// Package writer is the actor that owns the only read-write connection to
+// the journal database.
+//
+// It group-commits: every command queued when a batch opens joins one
+// transaction, each command in its own savepoint, then one COMMIT (one fsync),
+// and only then does every sender get its reply. Hints go out after the
+// commit. A storage fault or a panic fails the whole batch and stops the
+// writer for good; it is never restarted holding a leaked transaction.
+package writer
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/hint"
+)
+
+// Defaults for Deps' batch caps.
+const (
+	// DefaultMaxBatch bounds the commands of one transaction, so one batch
+	// cannot grow without bound under overload.
+	DefaultMaxBatch = 512
+	// DefaultMaxBatchBytes bounds the estimated bytes of one transaction.
+	DefaultMaxBatchBytes = 16 << 20
+)
+
+// ErrStopped is returned for commands the writer will not run because it has
+// stopped.
+var ErrStopped = errors.New("writer stopped")
+
+// FatalError wraps the fault that failed a whole batch and stopped the writer.
+type FatalError struct{ Err error }
+
+// Error implements error.
+func (e *FatalError) Error() string { return "writer stopped: " + e.Err.Error() }
+
+// Unwrap returns the underlying fault.
+func (e *FatalError) Unwrap() error { return e.Err }
+
+// Deps are the writer's collaborators.
+type Deps struct {
+	// DB is the read-write pool, limited to one connection whose
+	// transactions begin IMMEDIATE.
+	DB *sql.DB
+	// Now is the clock; defaults to time.Now.
+	Now func() time.Time
+	// Log receives the writer's logs.
+	Log zerolog.Logger
+	// Publish receives the hints of each committed batch; may be nil.
+	Publish func([]hint.Hint)
+	// IsFatal reports storage errors that poison the transaction (disk full,
+	// I/O error, corruption). Such an error stops the writer.
+	IsFatal func(error) bool
+	// OnStopped is called once when the actor has stopped, with the fault
+	// that stopped it or nil after an orderly stop.
+	OnStopped func(error)
+	// MaxBatch and MaxBatchBytes cap one transaction; zero means the default.
+	MaxBatch      int
+	MaxBatchBytes int
+}
+
+// Props returns the writer's props. Supervision is explicit: a failure stops
+// the writer instead of restarting it.
+func Props(d Deps) *actor.Props {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.MaxBatch <= 0 {
+		d.MaxBatch = DefaultMaxBatch
+	}
+	if d.MaxBatchBytes <= 0 {
+		d.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if d.IsFatal == nil {
+		d.IsFatal = func(error) bool { return false }
+	}
+	return actor.PropsFromProducer(func() actor.Actor { return &writerActor{deps: d} },
+		actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
+}
+
+type queued struct {
+	cmd    *Execute
+	sender *actor.PID
+}
+
+// answer delivers the reply to whoever is waiting for it.
+func (q queued) answer(ctx actor.Context, r *Executed) {
+	switch {
+	case q.cmd.Reply != nil:
+		q.cmd.Reply <- r
+	case q.sender != nil:
+		ctx.Send(q.sender, r)
+	}
+}
+
+type writerActor struct {
+	deps        Deps
+	batch       []queued
+	bytes       int
+	flushQueued bool
+	failed      error
+}
+
+// Receive implements actor.Actor.
+func (a *writerActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *Execute:
+		if a.failed != nil {
+			queued{cmd: m, sender: ctx.Sender()}.answer(ctx, &Executed{Err: a.failed})
+			return
+		}
+		a.batch = append(a.batch, queued{cmd: m, sender: ctx.Sender()})
+		a.bytes += m.Size
+		if len(a.batch) >= a.deps.MaxBatch || a.bytes >= a.deps.MaxBatchBytes {
+			a.flush(ctx)
+			return
+		}
+		if !a.flushQueued {
+			a.flushQueued = true
+			ctx.Send(ctx.Self(), &flush{})
+		}
+	case *flush:
+		a.flushQueued = false
+		a.flush(ctx)
+	case *actor.Stopping:
+		// An orderly stop drains what was queued with one final commit.
+		a.flush(ctx)
+	case *actor.Stopped:
+		if a.deps.OnStopped != nil {
+			a.deps.OnStopped(a.failed)
+		}
+	}
+}
+
+func (a *writerActor) flush(ctx actor.Context) {
+	if len(a.batch) == 0 {
+		return
+	}
+	batch := a.batch
+	a.batch, a.bytes = nil, 0
+	replies, hints, err := a.run(batch)
+	if err != nil {
+		a.failed = &FatalError{Err: err}
+		a.deps.Log.Error().Err(err).Int("commands", len(batch)).Msg("Batch failed; stopping the writer")
+		for _, q := range batch {
+			q.answer(ctx, &Executed{Err: a.failed})
+		}
+		ctx.Stop(ctx.Self())
+		return
+	}
+	for i, q := range batch {
+		q.answer(ctx, replies[i])
+	}
+	if len(hints) > 0 && a.deps.Publish != nil {
+		a.deps.Publish(hints)
+	}
+}
+
+// run executes one batch in one transaction. A returned error is fatal: the
+// transaction was rolled back and no command of the batch took effect.
+func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hint, err error) {
+	sqlTx, err := a.deps.DB.Begin()
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in batch: %v", r)
+		}
+		if err != nil {
+			_ = sqlTx.Rollback()
+		}
+	}()
+	tx := &Tx{Tx: sqlTx, Now: a.deps.Now()}
+	replies = make([]*Executed, len(batch))
+	for i, q := range batch {
+		if q.cmd.Ctx != nil && q.cmd.Ctx.Err() != nil {
+			replies[i] = &Executed{Err: q.cmd.Ctx.Err()}
+			continue
+		}
+		reply, err := a.runOne(tx, q.cmd)
+		if err != nil {
+			return nil, nil, err
+		}
+		replies[i] = reply
+	}
+	if err := sqlTx.Commit(); err != nil {
+		return nil, nil, fmt.Errorf("commit: %w", err)
+	}
+	return replies, tx.hints, nil
+}
+
+// runOne runs a command inside its own savepoint. Only a fault that poisons
+// the transaction is returned as an error; the command's own failure is its
+// reply.
+func (a *writerActor) runOne(tx *Tx, cmd *Execute) (*Executed, error) {
+	if _, err := tx.Exec(`SAVEPOINT command`); err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	mark := len(tx.hints)
+	result, cmdErr := cmd.Run(tx)
+	if cmdErr != nil {
+		if a.deps.IsFatal(cmdErr) {
+			return nil, fmt.Errorf("%s: %w", cmd.Name, cmdErr)
+		}
+		tx.hints = tx.hints[:mark]
+		if _, err := tx.Exec(`ROLLBACK TO command`); err != nil {
+			return nil, fmt.Errorf("rollback to savepoint: %w", err)
+		}
+	}
+	if _, err := tx.Exec(`RELEASE command`); err != nil {
+		return nil, fmt.Errorf("release savepoint: %w", err)
+	}
+	return &Executed{Result: result, Err: cmdErr}, nil
+}
+
+// Request sends cmd to the writer at pid and waits for its reply, for ctx, or
+// for the writer to stop (done closed), whichever comes first. A reply sent
+// before the writer stopped is always preferred over ErrStopped, so an
+// acknowledged command is never reported as lost.
+func Request(ctx context.Context, root *actor.RootContext, pid *actor.PID, cmd *Execute, done <-chan struct{}) (any, error) {
+	if cmd.Ctx == nil {
+		cmd.Ctx = ctx
+	}
+	reply := make(chan *Executed, 1)
+	cmd.Reply = reply
+	root.Send(pid, cmd)
+	select {
+	case r := <-reply:
+		return r.Result, r.Err
+	case <-done:
+		select {
+		case r := <-reply:
+			return r.Result, r.Err
+		default:
+			return nil, ErrStopped
+		}
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}

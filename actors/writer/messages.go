@@ -1,0 +1,55 @@
+package writer
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/mindroomd/mindroomd/hint"
+)
+
+// Command is one unit of work run inside the batch transaction, in its own
+// savepoint: if it returns an ordinary error only its own writes roll back.
+type Command func(tx *Tx) (result any, err error)
+
+// Tx is the batch transaction as a command sees it.
+type Tx struct {
+	*sql.Tx
+	// Now is taken once per batch, so every command of a commit agrees on
+	// the time.
+	Now   time.Time
+	hints []hint.Hint
+}
+
+// Hint records a wake-up to publish after the batch commits. A hint from a
+// command that rolls back is discarded with it.
+func (t *Tx) Hint(h hint.Hint) { t.hints = append(t.hints, h) }
+
+// Execute asks the writer to run a command in the next group commit. The
+// reply, an *Executed, is sent only after COMMIT.
+type Execute struct {
+	// Ctx lets a caller that gave up have its command skipped if it has not
+	// started yet. Nil means never cancelled.
+	Ctx context.Context
+	// Name labels the command in logs.
+	Name string
+	// Size estimates the bytes the command writes, for the batch byte cap.
+	Size int
+	// Run is the command.
+	Run Command
+	// Reply, when set, receives the answer instead of the sending actor. It
+	// must have room for one value. Go callers outside the actor system use
+	// it so they can wait on their context and on the writer stopping at
+	// once, without a goroutine per request or a future timeout.
+	Reply chan<- *Executed
+}
+
+// Executed answers an Execute after its batch committed (or failed).
+type Executed struct {
+	Result any
+	Err    error
+}
+
+// flush is the self-sent marker that closes a batch: commands already queued
+// when the batch opened arrive before it and join the batch.
+type flush struct{}

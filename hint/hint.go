@@ -1,0 +1,73 @@
+// Package hint carries the writer's after-commit wake-ups to subscribers.
+//
+// A hint is never the payload: it says only that something committed for a
+// principal in a room at a position, and the subscriber re-reads from its own
+// cursor. Subscriptions coalesce, so a slow subscriber costs the writer
+// nothing and a lost hint only delays.
+package hint
+
+import "sync"
+
+// Hint says that a commit touched a principal's room.
+type Hint struct {
+	// Principal is the principal's readable form (agent@@user:server).
+	Principal string
+	// Room is the room ID, or "" when the commit was not about one room.
+	Room string
+	// Position is the newest journal position the commit wrote for it.
+	Position int64
+}
+
+// Bus fans hints out to subscriptions. The zero value is ready to use.
+type Bus struct {
+	mu   sync.Mutex
+	subs map[*Subscription]struct{}
+}
+
+// Subscription receives a coalesced wake-up whenever a matching hint is
+// published.
+type Subscription struct {
+	bus       *Bus
+	principal string
+	c         chan struct{}
+}
+
+// Subscribe registers interest in one principal's hints ("" for all).
+func (b *Bus) Subscribe(principal string) *Subscription {
+	s := &Subscription{bus: b, principal: principal, c: make(chan struct{}, 1)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.subs == nil {
+		b.subs = make(map[*Subscription]struct{})
+	}
+	b.subs[s] = struct{}{}
+	return s
+}
+
+// Publish wakes every subscription a hint matches. It never blocks: a
+// subscription already holding an unread wake-up absorbs the new one.
+func (b *Bus) Publish(hints []Hint) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for s := range b.subs {
+		for _, h := range hints {
+			if s.principal == "" || s.principal == h.Principal {
+				select {
+				case s.c <- struct{}{}:
+				default:
+				}
+				break
+			}
+		}
+	}
+}
+
+// C is signalled after a commit that may concern the subscriber.
+func (s *Subscription) C() <-chan struct{} { return s.c }
+
+// Close removes the subscription.
+func (s *Subscription) Close() {
+	s.bus.mu.Lock()
+	defer s.bus.mu.Unlock()
+	delete(s.bus.subs, s)
+}

@@ -1,0 +1,35 @@
+package journal
+
+import "errors"
+
+// Sentinel errors shared by every backend, so callers can branch with
+// errors.Is regardless of which storage answered.
+var (
+	// ErrInvalidPrincipal reports an agent name or Matrix user ID that cannot
+	// name a principal.
+	ErrInvalidPrincipal = errors.New("invalid principal")
+	// ErrInvalidEvent reports an inbound event that cannot be admitted.
+	ErrInvalidEvent = errors.New("invalid event")
+	// ErrInvalidArgument reports a caller-supplied argument outside its domain
+	// (a non-positive limit, a malformed room ID, ...).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrClosed reports an operation on a store that has been closed.
+	ErrClosed = errors.New("store closed")
+)
+
+// EventError explains why one inbound event was rejected. It wraps
+// ErrInvalidEvent so callers can test for the class with errors.Is.
+type EventError struct {
+	// Field names the offending part of the event ("event_id", "content", ...).
+	Field string
+	// Reason is a short human-readable explanation.
+	Reason string
+}
+
+// Error implements error.
+func (e *EventError) Error() string { return "invalid event: " + e.Field + ": " + e.Reason }
+
+// Unwrap lets errors.Is(err, ErrInvalidEvent) succeed.
+func (e *EventError) Unwrap() error { return ErrInvalidEvent }
+
+func eventErr(field, reason string) error { return &EventError{Field: field, Reason: reason} }

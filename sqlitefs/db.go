@@ -1,0 +1,272 @@
+// Package sqlitefs is the SQLite layout of the journal: the file, its
+// connections, its embedded migrations, every SQL statement as a constant,
+// the write commands as functions over a transaction, and the reader queries.
+//
+// The writer connection is single (the writer actor owns it): WAL,
+// synchronous=FULL, foreign keys on, BEGIN IMMEDIATE. Readers are a separate
+// pool with query_only and synchronous=NORMAL. Pragmas are applied per
+// connection in the driver's connect hook, never through a pool.
+package sqlitefs
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+)
+
+// Driver names registered by this package.
+const (
+	writerDriver = "mindroomd_sqlite_writer"
+	readerDriver = "mindroomd_sqlite_reader"
+)
+
+// Layout under the storage directory.
+const (
+	trackingDir = "tracking"
+	fileName    = "event_journal.db"
+)
+
+// busyTimeoutMS is how long a connection waits for a lock held by another
+// connection (or process) before reporting SQLITE_BUSY.
+const busyTimeoutMS = 10000
+
+// DefaultReaders is the reader pool size when Options.Readers is zero.
+const DefaultReaders = 4
+
+// Connection pragmas. Values are fixed fragments, never caller input.
+const (
+	pragmaPageSize      = `PRAGMA page_size = 2048`
+	pragmaJournalWAL    = `PRAGMA journal_mode = WAL`
+	pragmaSyncFull      = `PRAGMA synchronous = FULL`
+	pragmaSyncNormal    = `PRAGMA synchronous = NORMAL`
+	pragmaForeignKeys   = `PRAGMA foreign_keys = ON`
+	pragmaBusyTimeout   = `PRAGMA busy_timeout = 10000`
+	pragmaQueryOnly     = `PRAGMA query_only = ON`
+	pragmaAutocheckpt   = `PRAGMA wal_autocheckpoint = 16000`
+	pragmaCacheSize     = `PRAGMA cache_size = -65536`
+	pragmaTempMemory    = `PRAGMA temp_store = MEMORY`
+	walRetryAttempts    = 50
+	walRetryBackoffBase = 20 * time.Millisecond
+)
+
+func init() {
+	sql.Register(writerDriver, &sqlite3.SQLiteDriver{ConnectHook: connectWriter})
+	sql.Register(readerDriver, &sqlite3.SQLiteDriver{ConnectHook: connectReader})
+}
+
+func connectWriter(c *sqlite3.SQLiteConn) error {
+	// page_size only takes effect on a new file, and only before WAL is set:
+	// small pages cut the WAL bytes each scattered index update costs.
+	for _, p := range []string{pragmaBusyTimeout, pragmaPageSize} {
+		if _, err := c.Exec(p, nil); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	if err := enableWAL(c); err != nil {
+		return err
+	}
+	for _, p := range []string{pragmaSyncFull, pragmaForeignKeys, pragmaAutocheckpt, pragmaCacheSize, pragmaTempMemory} {
+		if _, err := c.Exec(p, nil); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func connectReader(c *sqlite3.SQLiteConn) error {
+	for _, p := range []string{pragmaBusyTimeout, pragmaSyncNormal, pragmaQueryOnly, pragmaCacheSize, pragmaTempMemory} {
+		if _, err := c.Exec(p, nil); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// enableWAL switches the file to WAL and checks the answer. Changing the
+// journal mode does not use the busy handler, so SQLITE_BUSY is retried here.
+func enableWAL(c *sqlite3.SQLiteConn) error {
+	var lastErr error
+	for attempt := 0; attempt < walRetryAttempts; attempt++ {
+		mode, err := pragmaText(c, pragmaJournalWAL)
+		if err == nil {
+			if mode != "wal" {
+				return fmt.Errorf("journal_mode: got %q, want wal", mode)
+			}
+			return nil
+		}
+		lastErr = err
+		var se sqlite3.Error
+		if !errors.As(err, &se) || (se.Code != sqlite3.ErrBusy && se.Code != sqlite3.ErrLocked) {
+			break
+		}
+		time.Sleep(walRetryBackoffBase)
+	}
+	return fmt.Errorf("set journal_mode=wal: %w", lastErr)
+}
+
+func pragmaText(c *sqlite3.SQLiteConn, q string) (string, error) {
+	rows, err := c.Query(q, nil)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, len(rows.Columns()))
+	if err := rows.Next(dest); err != nil {
+		return "", err
+	}
+	switch v := dest[0].(type) {
+	case string:
+		return v, nil
+	case []byte:
+		return string(v), nil
+	default:
+		return fmt.Sprint(v), nil
+	}
+}
+
+// Options configure Open.
+type Options struct {
+	// StorageDir is the storage root; the file lives at
+	// <StorageDir>/tracking/event_journal.db. Default ./mindroom_data.
+	StorageDir string
+	// Readers is the reader pool size; default DefaultReaders.
+	Readers int
+}
+
+// DB is an open journal file: the single writer connection (for the writer
+// actor) and the reader pool.
+type DB struct {
+	// Path is the database file.
+	Path string
+	// Writer is the read-write pool, capped at one connection.
+	Writer *sql.DB
+	// Readers is the query_only pool.
+	Readers *sql.DB
+
+	// stmts is written only during Open and read-only afterwards.
+	stmts map[string]*sql.Stmt
+}
+
+// Path returns the journal file path under a storage directory.
+func Path(storageDir string) string {
+	if storageDir == "" {
+		storageDir = "mindroom_data"
+	}
+	return filepath.Join(storageDir, trackingDir, fileName)
+}
+
+// Open opens (creating if needed) the journal under opts.StorageDir, applies
+// pending migrations, and refuses a database written by a newer binary or by
+// another application.
+func Open(ctx context.Context, opts Options) (_ *DB, err error) {
+	path := Path(opts.StorageDir)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create storage directory: %w", err)
+	}
+	// Create the file ourselves so it is private from the first byte; SQLite
+	// gives its -wal and -shm files the same mode.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create journal file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("create journal file: %w", err)
+	}
+
+	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt)}
+	defer func() {
+		if err != nil {
+			_ = db.Close()
+		}
+	}()
+	if db.Writer, err = sql.Open(writerDriver, dsn(path, true)); err != nil {
+		return nil, fmt.Errorf("open writer: %w", err)
+	}
+	db.Writer.SetMaxOpenConns(1)
+	db.Writer.SetMaxIdleConns(1)
+	db.Writer.SetConnMaxLifetime(0)
+	db.Writer.SetConnMaxIdleTime(0)
+	if err := db.Writer.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("open writer: %w", err)
+	}
+	if err := migrate(ctx, db.Writer); err != nil {
+		return nil, err
+	}
+	if err := mintGeneration(ctx, db.Writer); err != nil {
+		return nil, err
+	}
+	if err := db.prepareWriterStatements(ctx); err != nil {
+		return nil, err
+	}
+
+	n := opts.Readers
+	if n <= 0 {
+		n = DefaultReaders
+	}
+	if db.Readers, err = sql.Open(readerDriver, dsn(path, false)); err != nil {
+		return nil, fmt.Errorf("open readers: %w", err)
+	}
+	db.Readers.SetMaxOpenConns(n)
+	db.Readers.SetMaxIdleConns(n)
+	if err := db.Readers.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("open readers: %w", err)
+	}
+	return db, nil
+}
+
+func dsn(path string, writer bool) string {
+	u := url.URL{Scheme: "file", Path: path}
+	if writer {
+		u.RawQuery = "_txlock=immediate"
+	}
+	return u.String()
+}
+
+// Close closes both pools. The writer actor must have stopped first.
+func (db *DB) Close() error {
+	var err error
+	for _, s := range db.stmts {
+		if e := s.Close(); e != nil && err == nil {
+			err = e
+		}
+	}
+	for _, p := range []*sql.DB{db.Readers, db.Writer} {
+		if p == nil {
+			continue
+		}
+		if e := p.Close(); e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// writerStatements are the write-path statements prepared once at open,
+// while the writer's only connection is still free: preparing later, from
+// inside the writer's transaction, would wait for that same connection.
+var writerStatements = []string{
+	insertJournalEvent, selectRoomEpoch, selectThreadOf, insertRejected, settleEvent, settleEventInRoom,
+	updateSyncToken, insertPrincipal,
+	selectTombstone, insertTombstone, selectVisibleByEvent, insertVisible, updateVisibleRevision,
+	deleteVisible, clearVisibleOnEdit, selectHeldEdit, upsertHeldEdit, deleteHeldEdits, clearHeldEdit,
+	selectJournalEdit,
+}
+
+func (db *DB) prepareWriterStatements(ctx context.Context) error {
+	for _, q := range writerStatements {
+		st, err := db.Writer.PrepareContext(ctx, q)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", q, err)
+		}
+		db.stmts[q] = st
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package sqlitefs
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// State values of journal_events.state.
+const (
+	statePending = 0
+	stateSettled = 1
+)
+
+// maxRejectedRaw bounds how much of a rejected event is kept for inspection.
+const maxRejectedRaw = 256 << 10
+
+const (
+	insertJournalEvent = `INSERT INTO journal_events
+		(principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, payload, epoch, received_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (principal, event_id) DO NOTHING
+		RETURNING seq`
+	selectRoomEpoch = `SELECT epoch FROM room_memberships WHERE principal = ? AND room_id = ?`
+	selectThreadOf  = `SELECT thread_id FROM journal_events WHERE principal = ? AND event_id = ? AND room_id = ?`
+	insertRejected  = `INSERT INTO rejected_events
+		(principal, room_id, event_id, fingerprint, reason, raw, received_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (principal, fingerprint) DO NOTHING`
+	settleEvent = `UPDATE journal_events SET state = 1, payload = ''
+		WHERE principal = ? AND event_id = ? AND state = 0`
+	settleEventInRoom = `UPDATE journal_events SET state = 1, payload = ''
+		WHERE principal = ? AND event_id = ? AND room_id = ? AND state = 0`
+	selectPending = `SELECT seq, event_id, room_id, kind, epoch, payload FROM journal_events
+		WHERE principal = ? AND state = 0 AND seq > ?
+		ORDER BY seq LIMIT ?`
+	selectAdmittedThread = `SELECT thread_id FROM journal_events
+		WHERE principal = ? AND event_id = ? AND room_id = ?`
+)
+
+// AdmitBatch journals one sync batch for p: each event is inserted or
+// recognised as a duplicate, projected, and the sync token stored, all inside
+// tx. Malformed events are recorded in rejected_events and skipped. It
+// returns one result per event and the hints to publish after commit.
+func AdmitBatch(tx *Tx, p Principal, events []journal.Inbound, nextBatch string) ([]journal.AdmitResult, []hint.Hint, error) {
+	results := make([]journal.AdmitResult, len(events))
+	epochs := make(map[string]int64)
+	newest := make(map[string]int64)
+	for i, in := range events {
+		ev, err := journal.ParseEvent(in, tx.now)
+		if err != nil {
+			results[i] = journal.AdmitResult{EventID: peekEventID(in.Event), Outcome: journal.Rejected, Err: err}
+			if err := recordRejected(tx, p, in, results[i].EventID, err); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		epoch, ok := epochs[ev.RoomID]
+		if !ok {
+			if epoch, err = roomEpoch(tx, p, ev.RoomID); err != nil {
+				return nil, nil, err
+			}
+			epochs[ev.RoomID] = epoch
+		}
+		class := journal.Classify(ev, p.UserID)
+		seq, admitted, err := insertEvent(tx, p, ev, class, epoch)
+		if err != nil {
+			return nil, nil, fmt.Errorf("admit %s: %w", ev.ID, err)
+		}
+		if !admitted {
+			results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Duplicate}
+			continue
+		}
+		if err := project(tx, p, ev, seq, epoch); err != nil {
+			return nil, nil, fmt.Errorf("project %s: %w", ev.ID, err)
+		}
+		results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Admitted, Class: class}
+		newest[ev.RoomID] = seq
+	}
+	if nextBatch != "" {
+		if _, err := tx.exec(updateSyncToken, nextBatch, p.ID); err != nil {
+			return nil, nil, fmt.Errorf("store sync token: %w", err)
+		}
+	}
+	hints := make([]hint.Hint, 0, len(newest))
+	for room, seq := range newest {
+		hints = append(hints, hint.Hint{Principal: p.String(), Room: room, Position: seq})
+	}
+	return results, hints, nil
+}
+
+// insertEvent journals ev unless p already has it. Actionable events keep
+// their canonical payload; context-only events are settled from the start.
+func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, epoch int64) (seq int64, admitted bool, err error) {
+	state, payload := stateSettled, ""
+	if class == journal.Actionable {
+		state, payload = statePending, string(ev.Canonical)
+	}
+	thread := ev.Thread
+	if ev.Kind == journal.KindEdit || ev.Kind == journal.KindReaction {
+		// A relation belongs to the thread of the event it relates to.
+		err := tx.queryRow(selectThreadOf, p.ID, ev.Target, ev.RoomID).Scan(&thread)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return 0, false, err
+		}
+	}
+	err = tx.queryRow(insertJournalEvent, p.ID, ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
+		int(class), int(ev.Provenance), state, payload, epoch, tx.nowMS()).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	ev.Thread = thread
+	return seq, true, nil
+}
+
+func roomEpoch(tx *Tx, p Principal, room string) (int64, error) {
+	var epoch int64
+	err := tx.queryRow(selectRoomEpoch, p.ID, room).Scan(&epoch)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read membership epoch: %w", err)
+	}
+	return epoch, nil
+}
+
+func recordRejected(tx *Tx, p Principal, in journal.Inbound, eventID string, reason error) error {
+	sum := sha256.Sum256(append([]byte(in.RoomID+"\x00"), in.Event...))
+	raw := []byte(in.Event)
+	if len(raw) > maxRejectedRaw {
+		raw = raw[:maxRejectedRaw]
+	}
+	if _, err := tx.exec(insertRejected, p.ID, in.RoomID, eventID, sum[:], reason.Error(), raw, tx.nowMS()); err != nil {
+		return fmt.Errorf("record rejected event: %w", err)
+	}
+	return nil
+}
+
+// peekEventID salvages an event ID from a rejected event for its report.
+func peekEventID(raw json.RawMessage) string {
+	var e struct {
+		EventID string `json:"event_id"`
+	}
+	if json.Unmarshal(raw, &e) != nil || !journal.ValidEventID(e.EventID) {
+		return ""
+	}
+	return e.EventID
+}
+
+// Settle settles p's pending events, dropping their payloads in the same
+// statement. Another principal's rows are never touched.
+func Settle(tx *Tx, p Principal, eventIDs []string) (int, error) {
+	n := 0
+	for _, id := range eventIDs {
+		r, err := tx.exec(settleEvent, p.ID, id)
+		if err != nil {
+			return 0, fmt.Errorf("settle %s: %w", id, err)
+		}
+		k, _ := r.RowsAffected()
+		n += int(k)
+	}
+	return n, nil
+}
+
+// Pending reads one page of p's pending work in receipt order. A row whose
+// payload cannot be decoded is reported and skipped; the page still
+// advances past it.
+func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) (journal.PendingPage, error) {
+	if limit <= 0 {
+		return journal.PendingPage{}, fmt.Errorf("%w: limit must be positive", journal.ErrInvalidArgument)
+	}
+	rows, err := db.Readers.QueryContext(ctx, selectPending, p.ID, after, limit)
+	if err != nil {
+		return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
+	}
+	defer rows.Close()
+	page := journal.PendingPage{Next: after}
+	read := 0
+	for rows.Next() {
+		var (
+			e       journal.PendingEvent
+			kind    int
+			payload string
+		)
+		if err := rows.Scan(&e.Seq, &e.EventID, &e.RoomID, &kind, &e.Epoch, &payload); err != nil {
+			return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
+		}
+		read++
+		page.Next = e.Seq
+		e.Kind = journal.Kind(kind)
+		if err := checkPayload(payload, e.EventID); err != nil {
+			page.Unreadable = append(page.Unreadable, journal.UnreadableEvent{Seq: e.Seq, EventID: e.EventID, Err: err})
+			continue
+		}
+		e.Event = json.RawMessage(payload)
+		page.Events = append(page.Events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
+	}
+	page.More = read == limit
+	return page, nil
+}
+
+// checkPayload confirms a stored payload is the event it claims to be.
+func checkPayload(payload, eventID string) error {
+	var e struct {
+		EventID string `json:"event_id"`
+	}
+	if err := json.Unmarshal([]byte(payload), &e); err != nil {
+		return fmt.Errorf("stored payload does not decode: %w", err)
+	}
+	if e.EventID != eventID {
+		return fmt.Errorf("stored payload names event %q", e.EventID)
+	}
+	return nil
+}
+
+// AdmittedThreadID reports whether p admitted eventID in room, and its
+// thread key.
+func (db *DB) AdmittedThreadID(ctx context.Context, p Principal, room, eventID string) (string, bool, error) {
+	var thread string
+	err := db.Readers.QueryRowContext(ctx, selectAdmittedThread, p.ID, eventID, room).Scan(&thread)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read admitted thread: %w", err)
+	}
+	return thread, true, nil
+}

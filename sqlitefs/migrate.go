@@ -1,0 +1,135 @@
+package sqlitefs
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// ApplicationID stamps the file as a mindroomd journal ("MRDJ").
+const ApplicationID = 0x4d52444a
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+const (
+	queryApplicationID = `PRAGMA application_id`
+	queryUserVersion   = `PRAGMA user_version`
+	queryHasTables     = `SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'`
+	// Pragma values cannot be bound; these take an integer from the
+	// embedded migration names or the constant above.
+	pragmaSetUserVersion   = `PRAGMA user_version = `
+	pragmaSetApplicationID = `PRAGMA application_id = `
+	insertGeneration       = `INSERT INTO store_meta (key, value) VALUES ('generation', ?) ON CONFLICT (key) DO NOTHING`
+	selectGeneration       = `SELECT value FROM store_meta WHERE key = 'generation'`
+)
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations lists the embedded files in version order. Names are
+// NNNN_description.sql; a gap or duplicate is a build mistake and panics.
+func migrations() []migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	var ms []migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("migration without a numbered name: " + e.Name())
+		}
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		ms = append(ms, migration{version: v, name: e.Name(), sql: string(body)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			panic(fmt.Sprintf("migration %s out of sequence", m.name))
+		}
+	}
+	return ms
+}
+
+// SchemaVersion is the newest schema this binary knows.
+func SchemaVersion() int { return len(migrations()) }
+
+func migrate(ctx context.Context, db *sql.DB) error {
+	var appID, version, tables int
+	if err := db.QueryRowContext(ctx, queryApplicationID).Scan(&appID); err != nil {
+		return fmt.Errorf("read application_id: %w", err)
+	}
+	if err := db.QueryRowContext(ctx, queryUserVersion).Scan(&version); err != nil {
+		return fmt.Errorf("read user_version: %w", err)
+	}
+	if err := db.QueryRowContext(ctx, queryHasTables).Scan(&tables); err != nil {
+		return fmt.Errorf("read schema: %w", err)
+	}
+	switch {
+	case appID != 0 && appID != ApplicationID:
+		return fmt.Errorf("%w: application_id is %#x", ErrForeignDatabase, appID)
+	case appID == 0 && tables > 0:
+		return fmt.Errorf("%w: the file holds tables of another application", ErrForeignDatabase)
+	}
+	ms := migrations()
+	if version > len(ms) {
+		return &NewerDatabaseError{Version: version, Known: len(ms)}
+	}
+	for _, m := range ms[version:] {
+		if err := apply(ctx, db, m); err != nil {
+			return fmt.Errorf("migrate to v%d (%s): %w", m.version, m.name, err)
+		}
+	}
+	return nil
+}
+
+// apply runs one migration and its version bump in one transaction.
+func apply(ctx context.Context, db *sql.DB, m migration) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, pragmaSetUserVersion+strconv.Itoa(m.version)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, pragmaSetApplicationID+strconv.Itoa(ApplicationID)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// mintGeneration gives the database its identity once; later opens keep it.
+func mintGeneration(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, insertGeneration, uuid.NewString()); err != nil {
+		return fmt.Errorf("mint generation: %w", err)
+	}
+	return nil
+}
+
+// Generation returns the database's identity.
+func (db *DB) Generation(ctx context.Context) (string, error) {
+	var g string
+	if err := db.Readers.QueryRowContext(ctx, selectGeneration).Scan(&g); err != nil {
+		return "", fmt.Errorf("read generation: %w", err)
+	}
+	return g, nil
+}

@@ -1,0 +1,215 @@
+package sqlitefs
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+const (
+	selectTombstone = `SELECT 1 FROM redaction_tombstones WHERE principal = ? AND room_id = ? AND event_id = ?`
+	insertTombstone = `INSERT INTO redaction_tombstones (principal, room_id, event_id, redaction_seq)
+		VALUES (?, ?, ?, ?) ON CONFLICT (principal, room_id, event_id) DO NOTHING`
+	// The visible row of a logical event is found through the journal's
+	// identity index: the row's key is the journal seq of its original.
+	selectVisibleByEvent = `SELECT v.seq, v.sender, v.revision_id, v.revision_ts
+		FROM journal_events j JOIN visible_messages v ON v.seq = j.seq
+		WHERE j.principal = ? AND j.event_id = ? AND v.room_id = ?`
+	insertVisible = `INSERT INTO visible_messages
+		(seq, principal, room_id, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	updateVisibleRevision = `UPDATE visible_messages
+		SET revision_id = ?, revision_ts = ?, content_json = ?, refresh_token = ?
+		WHERE seq = ?`
+	deleteVisible      = `DELETE FROM visible_messages WHERE seq = ?`
+	clearVisibleOnEdit = `UPDATE visible_messages SET content_json = NULL, refresh_token = ? WHERE seq = ? AND revision_id = ?`
+	selectHeldEdit     = `SELECT edit_id, edit_ts, content_json FROM unresolved_edits
+		WHERE principal = ? AND room_id = ? AND target_id = ? AND sender = ?`
+	upsertHeldEdit = `INSERT INTO unresolved_edits (principal, room_id, target_id, sender, edit_id, edit_ts, content_json, epoch)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (principal, room_id, target_id, sender) DO UPDATE
+		SET edit_id = excluded.edit_id, edit_ts = excluded.edit_ts, content_json = excluded.content_json, epoch = excluded.epoch`
+	deleteHeldEdits   = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ? AND target_id = ?`
+	clearHeldEdit     = `UPDATE unresolved_edits SET content_json = NULL WHERE principal = ? AND room_id = ? AND edit_id = ?`
+	selectJournalEdit = `SELECT target_id FROM journal_events
+		WHERE principal = ? AND event_id = ? AND room_id = ? AND kind = 3`
+)
+
+// project applies one newly admitted event to the visible projection.
+func project(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
+	switch ev.Kind {
+	case journal.KindMessage, journal.KindMedia:
+		return projectOriginal(tx, p, ev, seq, epoch)
+	case journal.KindEdit:
+		return projectEdit(tx, p, ev, seq, epoch)
+	case journal.KindRedaction:
+		return projectRedaction(tx, p, ev, seq)
+	}
+	return nil
+}
+
+func tombstoned(tx *Tx, p Principal, room, eventID string) (bool, error) {
+	var one int
+	err := tx.queryRow(selectTombstone, p.ID, room, eventID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+type visibleRow struct {
+	seq      int64
+	sender   string
+	revision journal.Revision
+}
+
+func visibleByEvent(tx *Tx, p Principal, room, eventID string) (visibleRow, bool, error) {
+	var v visibleRow
+	err := tx.queryRow(selectVisibleByEvent, p.ID, eventID, room).Scan(&v.seq, &v.sender, &v.revision.EventID, &v.revision.TS)
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, false, nil
+	}
+	return v, err == nil, err
+}
+
+// visibleBody decides what a revision puts on screen: its content, or no
+// body and a refresh debt when the content is only a sidecar preview.
+func visibleBody(content []byte, seq int64) (body any, refresh any) {
+	if content == nil {
+		return nil, seq
+	}
+	if journal.IsSidecarPreview(content) {
+		return nil, seq
+	}
+	return string(content), nil
+}
+
+func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
+	dead, err := tombstoned(tx, p, ev.RoomID, ev.ID)
+	if err != nil {
+		return err
+	}
+	if dead {
+		// Redacted before it arrived: it never becomes visible, and nothing
+		// held against it ever will either.
+		_, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID)
+		return err
+	}
+	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
+	content := []byte(ev.Content)
+	// Only the author's own held edit may apply, and only if it is newer.
+	var (
+		held     journal.Revision
+		heldBody sql.NullString
+	)
+	err = tx.queryRow(selectHeldEdit, p.ID, ev.RoomID, ev.ID, ev.Sender).Scan(&held.EventID, &held.TS, &heldBody)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return err
+	case held.After(revision):
+		revision = held
+		content = nil // a held edit that was itself redacted owes a refetch
+		if heldBody.Valid {
+			content = []byte(heldBody.String)
+		}
+	}
+	if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
+		return err
+	}
+	body, refresh := visibleBody(content, seq)
+	_, err = tx.exec(insertVisible, seq, p.ID, ev.RoomID, ev.Thread, ev.ID, ev.Sender, ev.TS,
+		revision.EventID, revision.TS, body, refresh, epoch)
+	return err
+}
+
+func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
+	if journal.IsTransportProgress(ev, p.UserID) {
+		return nil
+	}
+	for _, id := range []string{ev.ID, ev.Target} {
+		dead, err := tombstoned(tx, p, ev.RoomID, id)
+		if err != nil || dead {
+			return err
+		}
+	}
+	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
+	row, ok, err := visibleByEvent(tx, p, ev.RoomID, ev.Target)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if row.sender != ev.Sender || !revision.After(row.revision) {
+			return nil
+		}
+		body, refresh := visibleBody(ev.NewContent, seq)
+		_, err := tx.exec(updateVisibleRevision, ev.ID, ev.TS, body, refresh, row.seq)
+		return err
+	}
+	// The target has not arrived: hold the newest edit per (target, sender).
+	var (
+		held     journal.Revision
+		heldBody sql.NullString
+	)
+	err = tx.queryRow(selectHeldEdit, p.ID, ev.RoomID, ev.Target, ev.Sender).Scan(&held.EventID, &held.TS, &heldBody)
+	if err == nil && !revision.After(held) {
+		return nil
+	}
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	_, err = tx.exec(upsertHeldEdit, p.ID, ev.RoomID, ev.Target, ev.Sender, ev.ID, ev.TS, string(ev.NewContent), epoch)
+	return err
+}
+
+func projectRedaction(tx *Tx, p Principal, ev *journal.Event, seq int64) error {
+	room, target := ev.RoomID, ev.Target
+	// The tombstone comes first, so nothing arriving later can resurrect the
+	// target.
+	if _, err := tx.exec(insertTombstone, p.ID, room, target, seq); err != nil {
+		return fmt.Errorf("tombstone: %w", err)
+	}
+	// Whatever was held against the target goes, whether the target is a
+	// visible original or never arrived.
+	if _, err := tx.exec(deleteHeldEdits, p.ID, room, target); err != nil {
+		return err
+	}
+	row, ok, err := visibleByEvent(tx, p, room, target)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if _, err := tx.exec(deleteVisible, row.seq); err != nil {
+			return err
+		}
+	} else {
+		// A redacted edit: if it is the revision on screen, the body goes now
+		// and the row owes a refetch; a superseded edit changes nothing.
+		var logical string
+		err := tx.queryRow(selectJournalEdit, p.ID, target, room).Scan(&logical)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return err
+		default:
+			if row, ok, err := visibleByEvent(tx, p, room, logical); err != nil {
+				return err
+			} else if ok {
+				if _, err := tx.exec(clearVisibleOnEdit, seq, row.seq, target); err != nil {
+					return err
+				}
+			}
+		}
+		// A held edit keeps its identity and ordering but loses its body.
+		if _, err := tx.exec(clearHeldEdit, p.ID, room, target); err != nil {
+			return err
+		}
+	}
+	// A redacted source has nothing left to answer.
+	if _, err := tx.exec(settleEventInRoom, p.ID, target, room); err != nil {
+		return fmt.Errorf("settle redacted source: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package sqlitefs
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// MaxPageLimit bounds the rows one page may ask for.
+const MaxPageLimit = 10000
+
+// Page queries walk the page index newest-first. The cursor is a row value
+// so the index bounds the scan; the disjunctive spelling would filter.
+const (
+	visibleColumns = `v.event_id, v.thread_id, v.sender, v.created_ts, v.revision_id, v.revision_ts, v.content_json`
+	selectPageHead = `SELECT ` + visibleColumns + ` FROM visible_messages v
+		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
+	selectPageAfter = `SELECT ` + visibleColumns + ` FROM visible_messages v
+		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		AND (v.created_ts, v.event_id) < (?, ?)
+		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
+	selectVisibleMessage = `SELECT ` + visibleColumns + ` FROM journal_events j
+		JOIN visible_messages v ON v.seq = j.seq
+		WHERE j.principal = ? AND j.event_id = ? AND v.room_id = ?`
+	selectLatestVisible = `SELECT v.event_id, v.revision_id, v.content_json IS NULL FROM visible_messages v
+		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT 1`
+)
+
+func scanMessage(row interface{ Scan(...any) error }, room string) (journal.Message, bool, error) {
+	var (
+		m       journal.Message
+		thread  string
+		content sql.NullString
+	)
+	if err := row.Scan(&m.EventID, &thread, &m.Sender, &m.CreatedTS, &m.RevisionID, &m.RevisionTS, &content); err != nil {
+		return m, false, err
+	}
+	m.RoomID, m.Thread = room, journal.DecodeThread(thread)
+	if content.Valid {
+		m.Content = []byte(content.String)
+	}
+	return m, content.Valid, nil
+}
+
+func validateRead(req journal.ReadRequest) (thread string, err error) {
+	if req.Limit <= 0 || req.Limit > MaxPageLimit {
+		return "", fmt.Errorf("%w: limit %d must be in 1..%d", journal.ErrInvalidArgument, req.Limit, MaxPageLimit)
+	}
+	if !journal.ValidRoomID(req.RoomID) {
+		return "", fmt.Errorf("%w: %q is not a room ID", journal.ErrInvalidArgument, req.RoomID)
+	}
+	if req.Before != nil && !journal.ValidEventID(req.Before.EventID) {
+		return "", fmt.Errorf("%w: cursor event %q is not an event ID", journal.ErrInvalidArgument, req.Before.EventID)
+	}
+	return journal.EncodeThread(req.Thread)
+}
+
+// Read returns one bounded page of a conversation for p, newest rows read
+// first and returned oldest first. A thread page ends with its root, exactly
+// once, on the last page. Rows owing a refetch are listed and omitted; they
+// count against the limit so a page is bounded by the rows it reads.
+func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (journal.Page, error) {
+	thread, err := validateRead(req)
+	if err != nil {
+		return journal.Page{}, err
+	}
+	// One read transaction, so rows and root come from the same snapshot.
+	tx, err := db.Readers.BeginTx(ctx, nil)
+	if err != nil {
+		return journal.Page{}, fmt.Errorf("read page: %w", err)
+	}
+	defer tx.Rollback()
+
+	var rows *sql.Rows
+	if req.Before == nil {
+		rows, err = tx.QueryContext(ctx, selectPageHead, p.ID, req.RoomID, thread, thread, req.Limit+1)
+	} else {
+		rows, err = tx.QueryContext(ctx, selectPageAfter, p.ID, req.RoomID, thread, thread,
+			req.Before.CreatedTS, req.Before.EventID, req.Limit+1)
+	}
+	if err != nil {
+		return journal.Page{}, fmt.Errorf("read page: %w", err)
+	}
+	var (
+		page     journal.Page
+		newest   []journal.Message // newest first
+		budget   journal.PageBudget
+		read     int
+		cut      bool
+		lastRead *journal.Cursor
+	)
+	for rows.Next() {
+		if read == req.Limit {
+			cut = true // a row beyond the limit exists
+			break
+		}
+		m, visible, err := scanMessage(rows, req.RoomID)
+		if err != nil {
+			rows.Close()
+			return journal.Page{}, fmt.Errorf("read page: %w", err)
+		}
+		if visible && !budget.Admit(m.Content, len(newest) == 0) {
+			cut = true
+			break
+		}
+		read++
+		lastRead = &journal.Cursor{CreatedTS: m.CreatedTS, EventID: m.EventID}
+		if !visible {
+			page.OwedRefetch = append(page.OwedRefetch, m.EventID)
+			continue
+		}
+		newest = append(newest, m)
+	}
+	if err := rows.Close(); err != nil {
+		return journal.Page{}, fmt.Errorf("read page: %w", err)
+	}
+	switch {
+	case cut:
+		page.NextCursor = lastRead
+	case thread != "":
+		// The replies are exhausted: the root closes the thread's last page,
+		// if it still fits.
+		root, visible, err := scanMessage(tx.QueryRowContext(ctx, selectVisibleMessage, p.ID, thread, req.RoomID), req.RoomID)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return journal.Page{}, fmt.Errorf("read thread root: %w", err)
+		case read == req.Limit || (visible && !budget.Admit(root.Content, len(newest) == 0)):
+			page.NextCursor = lastRead
+		case !visible:
+			page.OwedRefetch = append(page.OwedRefetch, root.EventID)
+		default:
+			newest = append(newest, root)
+		}
+	}
+	page.Messages = make([]journal.Message, len(newest))
+	for i, m := range newest {
+		page.Messages[len(newest)-1-i] = m
+	}
+	return page, nil
+}
+
+// LatestVisibleEventID returns the revision on screen of the newest message
+// of a conversation, or its logical ID when that revision was redacted. A
+// thread's root does not count as its latest event.
+func (db *DB) LatestVisibleEventID(ctx context.Context, p Principal, room string, thread *string) (string, bool, error) {
+	key, err := journal.EncodeThread(thread)
+	if err != nil {
+		return "", false, err
+	}
+	tx, err := db.Readers.BeginTx(ctx, nil)
+	if err != nil {
+		return "", false, fmt.Errorf("read latest event: %w", err)
+	}
+	defer tx.Rollback()
+	var (
+		logical, revision string
+		bodyless          bool
+	)
+	err = tx.QueryRowContext(ctx, selectLatestVisible, p.ID, room, key, key).Scan(&logical, &revision, &bodyless)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read latest event: %w", err)
+	}
+	if bodyless && revision != logical {
+		var one int
+		err := tx.QueryRowContext(ctx, selectTombstone, p.ID, room, revision).Scan(&one)
+		if err == nil {
+			return logical, true, nil // the revision on screen was redacted
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return "", false, fmt.Errorf("read latest event: %w", err)
+		}
+	}
+	return revision, true, nil
+}

@@ -1,0 +1,204 @@
+// Package store is the embeddable journal: it opens the SQLite file, starts
+// the writer actor that owns its only read-write connection, and hands out
+// principal-bound views. No operational method takes a principal ID: the
+// view supplies it, so one agent cannot read or settle another's rows.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/actors/writer"
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// DefaultMaxOutstanding bounds the write commands in flight at once. The
+// writer's mailbox is unbounded (a bounded protoactor mailbox spins its
+// senders and can deadlock the writer's own flush), so the bound lives here,
+// at the senders.
+const DefaultMaxOutstanding = 4096
+
+// Options configure Open.
+type Options struct {
+	// StorageDir is the storage root (default ./mindroom_data); the journal
+	// is <StorageDir>/tracking/event_journal.db.
+	StorageDir string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Log receives the store's logs (default: discarded).
+	Log zerolog.Logger
+	// System is the actor system to run the writer in; a private one is
+	// created when nil.
+	System *actor.ActorSystem
+	// Hints receives after-commit wake-ups; a private bus when nil.
+	Hints *hint.Bus
+	// MaxOutstanding bounds concurrent write commands (default
+	// DefaultMaxOutstanding).
+	MaxOutstanding int
+	// MaxBatch and MaxBatchBytes cap one group commit (writer defaults when
+	// zero).
+	MaxBatch      int
+	MaxBatchBytes int
+	// Readers is the reader pool size (default sqlitefs.DefaultReaders).
+	Readers int
+}
+
+// Store is an open journal. It implements journal.Store.
+type Store struct {
+	db     *sqlitefs.DB
+	system *actor.ActorSystem
+	writer *actor.PID
+	hints  *hint.Bus
+	log    zerolog.Logger
+	sem    chan struct{}
+
+	done      chan struct{} // closed when the writer has stopped
+	fatalMu   sync.Mutex
+	fatal     error
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ journal.Store = (*Store)(nil)
+
+// Open opens the journal and starts its writer.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxOutstanding <= 0 {
+		opts.MaxOutstanding = DefaultMaxOutstanding
+	}
+	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers})
+	if err != nil {
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	s := &Store{
+		db:     db,
+		system: opts.System,
+		hints:  opts.Hints,
+		log:    opts.Log,
+		sem:    make(chan struct{}, opts.MaxOutstanding),
+		done:   make(chan struct{}),
+	}
+	if s.system == nil {
+		s.system = actors.NewSystem(opts.Log)
+	}
+	if s.hints == nil {
+		s.hints = &hint.Bus{}
+	}
+	props := writer.Props(writer.Deps{
+		DB:            db.Writer,
+		Now:           opts.Now,
+		Log:           opts.Log.With().Str("actor", "writer").Logger(),
+		Publish:       s.hints.Publish,
+		IsFatal:       sqlitefs.IsFatal,
+		OnStopped:     s.writerStopped,
+		MaxBatch:      opts.MaxBatch,
+		MaxBatchBytes: opts.MaxBatchBytes,
+	})
+	s.writer = s.system.Root.Spawn(props)
+	return s, nil
+}
+
+func (s *Store) writerStopped(err error) {
+	s.fatalMu.Lock()
+	s.fatal = err
+	s.fatalMu.Unlock()
+	close(s.done)
+}
+
+// Fatal returns the fault that stopped the writer, if any. A daemon exits
+// non-zero when it is set.
+func (s *Store) Fatal() error {
+	s.fatalMu.Lock()
+	defer s.fatalMu.Unlock()
+	return s.fatal
+}
+
+// Done is closed once the writer has stopped, after Close or a fatal fault.
+func (s *Store) Done() <-chan struct{} { return s.done }
+
+// Hints returns the bus after-commit wake-ups are published on.
+func (s *Store) Hints() *hint.Bus { return s.hints }
+
+// DB exposes the SQLite layer for benchmarks and operational tools.
+func (s *Store) DB() *sqlitefs.DB { return s.db }
+
+// Close stops accepting commands, lets the writer commit everything already
+// queued, then closes the database. It is safe to call more than once.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		// Poison is queued behind every command already sent, so those
+		// commit first; the writer's stop flushes whatever batch is open.
+		s.system.Root.Poison(s.writer)
+		<-s.done
+		s.closeErr = s.db.Close()
+		if f := s.Fatal(); f != nil && s.closeErr == nil {
+			s.closeErr = f
+		}
+	})
+	return s.closeErr
+}
+
+// exec runs one command through the writer and waits for its commit.
+func (s *Store) exec(ctx context.Context, name string, size int, run writer.Command) (any, error) {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.done:
+		return nil, s.stoppedErr()
+	}
+	defer func() { <-s.sem }()
+	res, err := writer.Request(ctx, s.system.Root, s.writer, &writer.Execute{Name: name, Size: size, Run: run}, s.done)
+	if errors.Is(err, writer.ErrStopped) {
+		return nil, s.stoppedErr()
+	}
+	return res, err
+}
+
+func (s *Store) stoppedErr() error {
+	if f := s.Fatal(); f != nil {
+		return f
+	}
+	return journal.ErrClosed
+}
+
+// tx adapts the writer's transaction for sqlitefs commands.
+func (s *Store) tx(t *writer.Tx) *sqlitefs.Tx { return s.db.WrapTx(t.Tx, t.Now) }
+
+// Generation identifies this database.
+func (s *Store) Generation(ctx context.Context) (string, error) { return s.db.Generation(ctx) }
+
+// Principal returns the view bound to (agent, userID), registering the
+// principal on first use.
+func (s *Store) Principal(ctx context.Context, agent, userID string) (journal.PrincipalStore, error) {
+	jp, err := journal.NewPrincipal(agent, userID)
+	if err != nil {
+		return nil, err
+	}
+	p, ok, err := s.db.LookupPrincipal(ctx, jp)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		res, err := s.exec(ctx, "register_principal", 0, func(t *writer.Tx) (any, error) {
+			return sqlitefs.RegisterPrincipal(s.tx(t), jp)
+		})
+		if err != nil {
+			return nil, err
+		}
+		p = res.(sqlitefs.Principal)
+	}
+	return &View{s: s, p: p}, nil
+}

@@ -1,0 +1,39 @@
+package testsupport
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/mindroomd/mindroomd/store"
+)
+
+// Clock is a settable test clock.
+type Clock struct{ T time.Time }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time { return c.T }
+
+// DefaultNow is the fixed time test journals start at.
+var DefaultNow = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+
+// MustOpen opens a journal in a fresh temporary directory on a real on-disk
+// SQLite file and closes it when the test ends. It returns the store and the
+// storage directory, so a test can reopen it to simulate a restart.
+func MustOpen(tb testing.TB) (*store.Store, string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	return MustOpenAt(tb, dir), dir
+}
+
+// MustOpenAt opens (or reopens) the journal under dir.
+func MustOpenAt(tb testing.TB, dir string) *store.Store {
+	tb.Helper()
+	clock := &Clock{T: DefaultNow}
+	s, err := store.Open(context.Background(), store.Options{StorageDir: dir, Now: clock.Now})
+	if err != nil {
+		tb.Fatalf("open journal: %v", err)
+	}
+	tb.Cleanup(func() { _ = s.Close() })
+	return s
+}
