@@ -173,6 +173,9 @@ type PrincipalStore interface {
 	Replay
 	ConversationReader
 	RelationLookup
+	Outbox
+	TurnRecords
+	Membership
 	// Principal names the principal this view is bound to.
 	Principal() Principal
 }

@@ -1,0 +1,284 @@
+// Package outbox is the delivery actor of one principal: it claims outbox
+// rows (committing attempted=1 before any network I/O), sends them through
+// the Sender port with their frozen transaction IDs, and acknowledges them.
+// It retries with backoff, honours 429 retry_after, records permanent
+// failures, and recovers unacknowledged rows on start. Each principal has
+// its own actor, so one principal's slow or failing sends never delay
+// another's.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// Defaults for Deps.
+const (
+	DefaultBackoffBase = 500 * time.Millisecond
+	DefaultBackoffMax  = 5 * time.Minute
+	DefaultScanLimit   = 100
+	// sendTimeout bounds one send so a hung connection cannot hold the
+	// principal's deliveries forever.
+	sendTimeout = 60 * time.Second
+)
+
+// Point names a step of a delivery, for observers such as crash tests.
+type Point string
+
+// Points a delivery passes.
+const (
+	// Claimed: attempted=1 is committed; nothing sent yet.
+	Claimed Point = "claimed"
+	// Accepted: the homeserver returned an event ID; not yet acknowledged.
+	Accepted Point = "accepted"
+	// Acknowledged: the acknowledgement is committed.
+	Acknowledged Point = "acknowledged"
+)
+
+// Deps are the actor's collaborators.
+type Deps struct {
+	// Outbox is the principal-bound delivery view.
+	Outbox journal.Outbox
+	Sender Sender
+	// DeviceID is the sending device, recorded at claim: the homeserver
+	// deduplicates transaction IDs per device.
+	DeviceID string
+	// Hints, when set, wakes the actor after commits for its principal.
+	Hints *hint.Subscription
+	Now   func() time.Time
+	Log   zerolog.Logger
+	// BackoffBase and BackoffMax bound the exponential backoff with jitter.
+	BackoffBase, BackoffMax time.Duration
+	// ScanLimit is the recovery scan's page size.
+	ScanLimit int
+	// Observe, when set, is called at each Point. Crash tests kill the
+	// process there; production leaves it nil.
+	Observe func(Point, journal.Delivery)
+}
+
+// Props returns the actor's props. A failure stops it rather than silently
+// restarting it.
+func Props(d Deps) *actor.Props {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.BackoffBase <= 0 {
+		d.BackoffBase = DefaultBackoffBase
+	}
+	if d.BackoffMax <= 0 {
+		d.BackoffMax = DefaultBackoffMax
+	}
+	if d.ScanLimit <= 0 {
+		d.ScanLimit = DefaultScanLimit
+	}
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &outboxActor{deps: d, backoff: make(map[key]backoff)}
+	}, actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
+}
+
+type key struct {
+	delivery string
+	stage    journal.Stage
+}
+
+type backoff struct {
+	failures int
+	until    time.Time
+}
+
+type outboxActor struct {
+	deps     Deps
+	backoff  map[key]backoff
+	inFlight bool
+	timer    *time.Timer
+	ctx      context.Context
+	cancel   context.CancelFunc
+	stopHint chan struct{}
+}
+
+// Receive implements actor.Actor.
+func (a *outboxActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.ctx, a.cancel = context.WithCancel(context.Background())
+		a.forwardHints(ctx)
+		a.pump(ctx) // recover what an earlier run left unacknowledged
+	case *DeliverPending, *retryDue:
+		a.pump(ctx)
+	case *sent:
+		a.inFlight = false
+		a.finish(m)
+		a.pump(ctx)
+	case *actor.Stopping:
+		a.cancel()
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+		if a.stopHint != nil {
+			close(a.stopHint)
+		}
+	}
+}
+
+// forwardHints turns commit hints into DeliverPending messages.
+func (a *outboxActor) forwardHints(ctx actor.Context) {
+	if a.deps.Hints == nil {
+		return
+	}
+	a.stopHint = make(chan struct{})
+	self, root, c, stop := ctx.Self(), ctx.ActorSystem().Root, a.deps.Hints.C(), a.stopHint
+	go func() {
+		for {
+			select {
+			case <-c:
+				root.Send(self, &DeliverPending{})
+			case <-stop:
+				return
+			}
+		}
+	}()
+}
+
+// pump starts the next due send, if none is in flight.
+func (a *outboxActor) pump(ctx actor.Context) {
+	if a.inFlight {
+		return // the send's completion pumps again
+	}
+	now := a.deps.Now()
+	var (
+		after     *journal.DeliveryCursor
+		nextRetry time.Time
+	)
+	for {
+		rows, err := a.deps.Outbox.Unacknowledged(a.ctx, a.deps.ScanLimit, after)
+		if err != nil {
+			a.deps.Log.Error().Err(err).Msg("Outbox scan failed")
+			a.schedule(ctx, now.Add(a.deps.BackoffBase))
+			return
+		}
+		for _, d := range rows {
+			k := key{d.DeliveryID, d.Stage}
+			if b, ok := a.backoff[k]; ok && b.until.After(now) {
+				if nextRetry.IsZero() || b.until.Before(nextRetry) {
+					nextRetry = b.until
+				}
+				continue
+			}
+			if a.start(ctx, d) {
+				return
+			}
+		}
+		if len(rows) < a.deps.ScanLimit {
+			break
+		}
+		last := rows[len(rows)-1]
+		after = &journal.DeliveryCursor{CreatedMS: last.CreatedMS, Position: last.Position}
+	}
+	if !nextRetry.IsZero() {
+		a.schedule(ctx, nextRetry)
+	}
+}
+
+// start claims one row and sends it in the background. It reports whether a
+// send started; a row that cannot be claimed now is skipped so it never
+// blocks the rows behind it.
+func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
+	d, err := a.deps.Outbox.Claim(a.ctx, row.DeliveryID, row.Stage, a.deps.DeviceID)
+	switch {
+	case errors.Is(err, journal.ErrStageBlocked), errors.Is(err, journal.ErrNotClaimable):
+		return false
+	case err != nil:
+		a.deps.Log.Error().Err(err).Str("delivery_id", row.DeliveryID).Msg("Claim failed")
+		a.delay(key{row.DeliveryID, row.Stage}, 0)
+		return false
+	}
+	a.observe(Claimed, d)
+	content, err := journal.WireContent(d)
+	if err != nil {
+		// A frozen payload that cannot be read will never send.
+		a.finish(&sent{delivery: d, err: &SendError{Status: 400, Err: err}})
+		return false
+	}
+	a.inFlight = true
+	self, root, sender, parent := ctx.Self(), ctx.ActorSystem().Root, a.deps.Sender, a.ctx
+	go func() {
+		sctx, cancel := context.WithTimeout(parent, sendTimeout)
+		defer cancel()
+		id, err := sender.Send(sctx, d, content)
+		root.Send(self, &sent{delivery: d, eventID: id, err: err})
+	}()
+	return true
+}
+
+// finish records a send's outcome.
+func (a *outboxActor) finish(m *sent) {
+	d, k := m.delivery, key{m.delivery.DeliveryID, m.delivery.Stage}
+	log := a.deps.Log.With().Str("delivery_id", d.DeliveryID).Stringer("stage", d.Stage).Logger()
+	if m.err == nil {
+		a.observe(Accepted, d)
+		if _, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.eventID); err != nil {
+			// The send stays attempted; the retry reuses its transaction ID,
+			// so the server returns the same event.
+			log.Error().Err(err).Msg("Acknowledge failed")
+			a.delay(k, 0)
+			return
+		}
+		delete(a.backoff, k)
+		a.observe(Acknowledged, d)
+		return
+	}
+	if a.ctx.Err() != nil {
+		return // stopping: the row stays attempted and is recovered on start
+	}
+	v := judge(m.err)
+	if err := a.deps.Outbox.Fail(a.ctx, d.DeliveryID, d.Stage, m.err.Error(), v.permanent); err != nil {
+		log.Error().Err(err).Msg("Recording a failed send failed")
+	}
+	if v.permanent {
+		log.Warn().Err(m.err).Msg("Delivery failed permanently")
+		delete(a.backoff, k)
+		return
+	}
+	log.Info().Err(m.err).Msg("Delivery will be retried")
+	a.delay(k, v.after)
+}
+
+// delay puts a row in backoff: the server's delay when it named one, else
+// exponential backoff with full jitter.
+func (a *outboxActor) delay(k key, after time.Duration) {
+	b := a.backoff[k]
+	b.failures++
+	if after <= 0 {
+		ceiling := a.deps.BackoffBase << min(b.failures-1, 20)
+		if ceiling > a.deps.BackoffMax || ceiling <= 0 {
+			ceiling = a.deps.BackoffMax
+		}
+		after = ceiling/2 + time.Duration(rand.Int64N(int64(ceiling/2)+1))
+	}
+	b.until = a.deps.Now().Add(after)
+	a.backoff[k] = b
+}
+
+// schedule wakes the actor at t.
+func (a *outboxActor) schedule(ctx actor.Context, t time.Time) {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	a.timer = time.AfterFunc(max(t.Sub(a.deps.Now()), 0), func() { root.Send(self, &retryDue{}) })
+}
+
+func (a *outboxActor) observe(p Point, d journal.Delivery) {
+	if a.deps.Observe != nil {
+		a.deps.Observe(p, d)
+	}
+}

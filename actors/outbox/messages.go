@@ -1,0 +1,19 @@
+package outbox
+
+import "github.com/mindroomd/mindroomd/journal"
+
+type (
+	// DeliverPending asks the actor to scan the outbox and send what is due.
+	// Hints and start-up send it; extra ones coalesce.
+	DeliverPending struct{}
+
+	// sent reports the outcome of one send started by the actor.
+	sent struct {
+		delivery journal.Delivery
+		eventID  string
+		err      error
+	}
+
+	// retryDue wakes the actor when the earliest backoff has passed.
+	retryDue struct{}
+)

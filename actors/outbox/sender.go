@@ -1,0 +1,57 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// Sender is the port to the homeserver. Send must use d.TxnID as the
+// transaction ID, so a repeated send of a frozen delivery is deduplicated
+// by the server (per sending device).
+type Sender interface {
+	Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (eventID string, err error)
+}
+
+// SendError is a failed send with the homeserver's answer.
+type SendError struct {
+	// Status is the HTTP status; 0 for a network error.
+	Status int
+	// RetryAfter is the server's retry_after_ms on a 429.
+	RetryAfter time.Duration
+	Err        error
+}
+
+// Error implements error.
+func (e *SendError) Error() string { return fmt.Sprintf("send: status %d: %v", e.Status, e.Err) }
+
+// Unwrap returns the underlying error.
+func (e *SendError) Unwrap() error { return e.Err }
+
+// verdict is what to do after a failed send.
+type verdict struct {
+	permanent bool
+	// after is the server-mandated delay; zero means exponential backoff.
+	after time.Duration
+}
+
+// judge classifies a send failure: a 429 waits as long as the server asks,
+// any other 4xx is permanent, and 5xx or a network error retries with
+// backoff.
+func judge(err error) verdict {
+	var se *SendError
+	if !errors.As(err, &se) {
+		return verdict{}
+	}
+	switch {
+	case se.Status == 429:
+		return verdict{after: se.RetryAfter}
+	case se.Status >= 400 && se.Status < 500:
+		return verdict{permanent: true}
+	}
+	return verdict{}
+}

@@ -1,0 +1,342 @@
+package journal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/google/uuid"
+)
+
+// Delivery errors.
+var (
+	// ErrMembershipEnded refuses work authorized by a membership that has
+	// since ended: the room's epoch moved, or the principal is out of the
+	// room.
+	ErrMembershipEnded = errors.New("membership ended")
+	// ErrDeliveryRetired refuses a stage of a delivery that has a retired
+	// stage: it must never adopt a later membership.
+	ErrDeliveryRetired = errors.New("delivery retired")
+	// ErrUnknownSource refuses an enqueue whose source event the principal
+	// never admitted in that room.
+	ErrUnknownSource = errors.New("unknown source event")
+	// ErrNoDelivery reports a delivery stage that does not exist.
+	ErrNoDelivery = errors.New("no such delivery")
+	// ErrStageBlocked refuses to claim a final stage while its initial
+	// placeholder was attempted but not acknowledged: the initial is retried
+	// first, so the final knows whether to edit it.
+	ErrStageBlocked = errors.New("stage blocked by its initial")
+	// ErrNotClaimable refuses to claim a row that is acknowledged, failed or
+	// retired.
+	ErrNotClaimable = errors.New("delivery not claimable")
+)
+
+// Stage is a delivery stage.
+type Stage uint8
+
+// Stages.
+const (
+	// StageInitial is an optional placeholder sent while the answer is made.
+	StageInitial Stage = 1
+	// StageFinal is the answer; it edits the initial placeholder if that was
+	// acknowledged.
+	StageFinal Stage = 2
+)
+
+// String implements fmt.Stringer.
+func (s Stage) String() string {
+	switch s {
+	case StageInitial:
+		return "initial"
+	case StageFinal:
+		return "final"
+	}
+	return "stage(" + strconv.Itoa(int(s)) + ")"
+}
+
+// DeliveryState is where a delivery stage is in its life.
+type DeliveryState uint8
+
+// Delivery states.
+const (
+	DeliveryQueued       DeliveryState = 0 // enqueued, never attempted
+	DeliveryAttempted    DeliveryState = 1 // claimed; outcome unknown until acknowledged
+	DeliveryAcknowledged DeliveryState = 2 // the homeserver returned its event ID
+	DeliveryFailed       DeliveryState = 3 // permanently refused
+	DeliveryRetired      DeliveryState = 4 // will never be sent (a fence or a superseding final)
+)
+
+// String implements fmt.Stringer.
+func (s DeliveryState) String() string {
+	switch s {
+	case DeliveryQueued:
+		return "queued"
+	case DeliveryAttempted:
+		return "attempted"
+	case DeliveryAcknowledged:
+		return "acknowledged"
+	case DeliveryFailed:
+		return "failed"
+	case DeliveryRetired:
+		return "retired"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// txnNamespace is the fixed UUIDv5 namespace of delivery transaction IDs.
+var txnNamespace = uuid.MustParse("8d3c8f5e-3c1a-5b52-9a41-6d696e64726f")
+
+// TxnID derives the Matrix transaction ID of one delivery stage. It depends
+// only on (principal, delivery, stage), never on time or epoch, so a retry
+// after any crash repeats the same ID and the homeserver deduplicates it.
+func TxnID(p Principal, deliveryID string, stage Stage) string {
+	name := p.String() + "\x00" + deliveryID + "\x00" + stage.String()
+	return "mindroomd-" + uuid.NewSHA1(txnNamespace, []byte(name)).String()
+}
+
+// EnqueueRequest hands a reply to the outbox and settles its sources in the
+// same transaction.
+type EnqueueRequest struct {
+	// DeliveryID names the reply; with Stage it keys the outbox row.
+	DeliveryID string
+	Stage      Stage
+	RoomID     string
+	// Thread is the thread the reply goes to; nil for the room.
+	Thread *string
+	// TurnID names the turn record an acknowledged final completes ("" for
+	// none).
+	TurnID string
+	// EventType is the Matrix event type (default m.room.message).
+	EventType string
+	// Content is the event content to send.
+	Content json.RawMessage
+	// Sources are the admitted events this reply answers; they are settled
+	// with the enqueue. A source-less delivery takes the room's current
+	// membership.
+	Sources []string
+}
+
+// EnqueueOutcome says what an enqueue did to the outbox row.
+type EnqueueOutcome uint8
+
+// Enqueue outcomes.
+const (
+	// EnqueueCreated wrote a new row.
+	EnqueueCreated EnqueueOutcome = 1
+	// EnqueueUpdated replaced the payload of a row not yet attempted.
+	EnqueueUpdated EnqueueOutcome = 2
+	// EnqueueFrozen left an attempted row as it was: what may already be
+	// visible is never changed.
+	EnqueueFrozen EnqueueOutcome = 3
+)
+
+// EnqueueResult reports an enqueue.
+type EnqueueResult struct {
+	Outcome EnqueueOutcome
+	TxnID   string
+	Epoch   int64
+}
+
+// Delivery is one outbox row as the sender sees it. After a claim its
+// payload, target and transaction ID are frozen.
+type Delivery struct {
+	// Position orders the recovery scan (oldest first).
+	Position   int64
+	CreatedMS  int64
+	DeliveryID string
+	Stage      Stage
+	RoomID     string
+	Thread     *string
+	TxnID      string
+	TurnID     string
+	EventType  string
+	Content    json.RawMessage
+	// ReplacesEventID is set on a final that edits its acknowledged initial.
+	ReplacesEventID string
+	// Epoch is the membership epoch that authorized the row.
+	Epoch    int64
+	State    DeliveryState
+	DeviceID string
+	Attempts int
+	// EventID is the acknowledged Matrix event ID.
+	EventID   string
+	LastError string
+}
+
+// DeliveryCursor continues a recovery scan.
+type DeliveryCursor struct {
+	CreatedMS int64
+	Position  int64
+}
+
+// AckResult reports an acknowledgement.
+type AckResult struct {
+	// EventID is the acknowledged event ID: this call's, or the first
+	// acknowledger's when this one lost.
+	EventID string
+	// First is true when this call wrote the acknowledgement.
+	First bool
+	// Projected is true when the delivered event was installed in the
+	// visible projection (only while its authorizing epoch is current).
+	Projected bool
+}
+
+// Outbox is the delivery view: enqueue-and-settle, claim, acknowledge,
+// fail, retire and the recovery scan.
+type Outbox interface {
+	// EnqueueAndSettle writes the outbox row and settles its sources in one
+	// transaction.
+	EnqueueAndSettle(ctx context.Context, req EnqueueRequest) (EnqueueResult, error)
+	// Claim commits attempted=1 and the sending device before any network
+	// I/O and returns the frozen delivery. Claiming an attempted row again
+	// returns the identical delivery for a retry.
+	Claim(ctx context.Context, deliveryID string, stage Stage, deviceID string) (Delivery, error)
+	// Acknowledge records the homeserver's event ID and completes the turn
+	// record in the same transaction.
+	Acknowledge(ctx context.Context, deliveryID string, stage Stage, eventID string) (AckResult, error)
+	// Fail records a failed attempt; a permanent failure takes the row out
+	// of recovery.
+	Fail(ctx context.Context, deliveryID string, stage Stage, reason string, permanent bool) error
+	// Retire withdraws a stage that was never attempted.
+	Retire(ctx context.Context, deliveryID string, stage Stage) error
+	// Delivery loads one stage.
+	Delivery(ctx context.Context, deliveryID string, stage Stage) (Delivery, error)
+	// Unacknowledged scans queued and attempted rows oldest first.
+	Unacknowledged(ctx context.Context, limit int, after *DeliveryCursor) ([]Delivery, error)
+}
+
+// TurnState is how far a turn has come.
+type TurnState uint8
+
+// Turn states.
+const (
+	// TurnResultRecorded: the model finished and its result is durable, so
+	// recovery never reruns it.
+	TurnResultRecorded TurnState = 1
+	// TurnDelivered: the final answer was acknowledged; terminal.
+	TurnDelivered TurnState = 2
+)
+
+// TurnRecord is the durable proof of a turn.
+type TurnRecord struct {
+	TurnID string
+	RoomID string
+	State  TurnState
+	// Sources are the events the turn answers; each indexes the record.
+	Sources []string
+	// Record is the turn's durable content (the model result, ...).
+	Record json.RawMessage
+	// EventID is the delivered answer's event ID once delivered.
+	EventID   string
+	UpdatedMS int64
+}
+
+// TurnRecords stores turn records, scoped to the agent name.
+type TurnRecords interface {
+	// UpsertTurn writes a record and re-indexes it by exactly its sources.
+	UpsertTurn(ctx context.Context, rec TurnRecord) error
+	// Turn loads a record by ID.
+	Turn(ctx context.Context, turnID string) (TurnRecord, bool, error)
+	// TurnForEvent finds the record a source event indexes.
+	TurnForEvent(ctx context.Context, eventID string) (TurnRecord, bool, error)
+	// Turns pages every record in turn ID order, for a warm-up.
+	Turns(ctx context.Context, limit int, afterTurnID string) ([]TurnRecord, error)
+	// ForgetTurns deletes records and their indexes.
+	ForgetTurns(ctx context.Context, turnIDs ...string) (int, error)
+}
+
+// DepartureSource says who observed a departure.
+type DepartureSource uint8
+
+// Departure sources.
+const (
+	// DepartureLocal is a leave this process performed; it owes one
+	// sync-reported echo.
+	DepartureLocal DepartureSource = 1
+	// DepartureReported is a leave or kick reported by sync.
+	DepartureReported DepartureSource = 2
+)
+
+// DepartureOutcome is what FenceDeparture did.
+type DepartureOutcome uint8
+
+// Departure outcomes.
+const (
+	// Fenced: the epoch advanced and the old membership's state is gone.
+	Fenced DepartureOutcome = 1
+	// AlreadyFenced: the principal was already out of the room.
+	AlreadyFenced DepartureOutcome = 2
+	// OwedReportConsumed: the sync echo of an earlier local leave; nothing
+	// fenced again.
+	OwedReportConsumed DepartureOutcome = 3
+	// RepeatedReport: this observation was applied before.
+	RepeatedReport DepartureOutcome = 4
+)
+
+// String implements fmt.Stringer.
+func (o DepartureOutcome) String() string {
+	switch o {
+	case Fenced:
+		return "fenced"
+	case AlreadyFenced:
+		return "already_fenced"
+	case OwedReportConsumed:
+		return "owed_report_consumed"
+	case RepeatedReport:
+		return "repeated_report"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Membership is the fence view of one principal.
+type Membership interface {
+	// FenceDeparture applies a departure observation.
+	FenceDeparture(ctx context.Context, roomID string, source DepartureSource, observationID string) (DepartureOutcome, error)
+	// RecordJoin ends a departure: the principal is in the room again under
+	// the advanced epoch. Owed reports survive it.
+	RecordJoin(ctx context.Context, roomID, observationID string) error
+	// RoomEpoch returns the room's current epoch and whether the principal
+	// is out of the room.
+	RoomEpoch(ctx context.Context, roomID string) (epoch int64, departed bool, err error)
+	// RoomsOwingDepartureReports lists rooms with owed echoes.
+	RoomsOwingDepartureReports(ctx context.Context) ([]string, error)
+	// RetireOwedDepartureReports forgets the owed echoes of rooms.
+	RetireOwedDepartureReports(ctx context.Context, roomIDs ...string) (int, error)
+}
+
+// WireContent is the content a delivery puts on the wire: the stored
+// content plus the delivery marker, so a sync echo can be matched to its
+// outbox row even without a transaction ID; a final that replaces its
+// acknowledged initial is wrapped as an m.replace edit of it.
+func WireContent(d Delivery) (json.RawMessage, error) {
+	var c map[string]any
+	if err := json.Unmarshal(d.Content, &c); err != nil {
+		return nil, fmt.Errorf("delivery content: %w", err)
+	}
+	c[DeliveryKey] = map[string]string{"delivery_id": d.DeliveryID, "stage": d.Stage.String()}
+	if d.ReplacesEventID != "" {
+		body, _ := c["body"].(string)
+		c = map[string]any{
+			"msgtype":       orString(c["msgtype"], "m.text"),
+			"body":          "* " + body,
+			"m.new_content": c,
+			"m.relates_to":  map[string]string{"rel_type": "m.replace", "event_id": d.ReplacesEventID},
+			DeliveryKey:     c[DeliveryKey],
+		}
+	} else if d.Thread != nil {
+		if _, ok := c["m.relates_to"]; !ok {
+			c["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": *d.Thread, "is_falling_back": true}
+		}
+	}
+	b, err := encodeCanonical(c)
+	return b, err
+}
+
+func orString(v any, def string) string {
+	if s, ok := v.(string); ok && s != "" {
+		return s
+	}
+	return def
+}
