@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/mattn/go-sqlite3"
+
+	"github.com/mindroomd/mindroomd/journal"
 )
 
 // Driver names registered by this package.
@@ -139,6 +141,9 @@ type Options struct {
 	StorageDir string
 	// Readers is the reader pool size; default DefaultReaders.
 	Readers int
+	// PageBudget bounds the memory of one conversation page; zero limits
+	// mean journal.PageStoredBudget and journal.PageDecodedBudget.
+	PageBudget journal.PageBudget
 }
 
 // DB is an open journal file: the single writer connection (for the writer
@@ -150,6 +155,9 @@ type DB struct {
 	Writer *sql.DB
 	// Readers is the query_only pool.
 	Readers *sql.DB
+
+	// budget is the template each page's budget starts from.
+	budget journal.PageBudget
 
 	// stmts is written only during Open and read-only afterwards.
 	stmts map[string]*sql.Stmt
@@ -181,7 +189,7 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 		return nil, fmt.Errorf("create journal file: %w", err)
 	}
 
-	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt)}
+	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget}
 	defer func() {
 		if err != nil {
 			_ = db.Close()

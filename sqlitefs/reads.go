@@ -89,7 +89,7 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	var (
 		page     journal.Page
 		newest   []journal.Message // newest first
-		budget   journal.PageBudget
+		budget   = db.budget
 		read     int
 		cut      bool
 		lastRead *journal.Cursor

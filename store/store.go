@@ -50,6 +50,9 @@ type Options struct {
 	MaxBatchBytes int
 	// Readers is the reader pool size (default sqlitefs.DefaultReaders).
 	Readers int
+	// PageBudget bounds one conversation page's memory (default 16 MiB
+	// stored, 64 MiB estimated decoded).
+	PageBudget journal.PageBudget
 }
 
 // Store is an open journal. It implements journal.Store.
@@ -78,7 +81,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.MaxOutstanding <= 0 {
 		opts.MaxOutstanding = DefaultMaxOutstanding
 	}
-	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers})
+	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers, PageBudget: opts.PageBudget})
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}

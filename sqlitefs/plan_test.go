@@ -1,0 +1,76 @@
+package sqlitefs
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// hotQueries are the statements on the read and write hot paths, with
+// arguments of the right types for EXPLAIN QUERY PLAN.
+var hotQueries = map[string]struct {
+	query string
+	args  []any
+}{
+	"room page head":      {selectPageHead, []any{1, "!r:x", "", "", 50}},
+	"room page after":     {selectPageAfter, []any{1, "!r:x", "", "", int64(5), "$e", 50}},
+	"thread page after":   {selectPageAfter, []any{1, "!r:x", "$root", "$root", int64(5), "$e", 50}},
+	"thread root":         {selectVisibleMessage, []any{1, "$root", "!r:x"}},
+	"latest visible":      {selectLatestVisible, []any{1, "!r:x", "", ""}},
+	"pending":             {selectPending, []any{1, int64(0), 100}},
+	"admitted thread":     {selectAdmittedThread, []any{1, "$e", "!r:x"}},
+	"visible by event":    {selectVisibleByEvent, []any{1, "$e", "!r:x"}},
+	"held edit":           {selectHeldEdit, []any{1, "!r:x", "$e", "@a:x"}},
+	"tombstone":           {selectTombstone, []any{1, "!r:x", "$e"}},
+	"outbox scan head":    {selectUnackedHead, []any{1, 100}},
+	"outbox scan after":   {selectUnackedAfter, []any{1, int64(0), int64(0), 100}},
+	"delivery":            {selectDelivery, []any{1, "d", 2}},
+	"turn by event":       {selectTurnByEvent, []any{"agent", "$e"}},
+	"fence pending work":  {fencePendingTurnWork, []any{1, "!r:x"}},
+	"fence visible":       {fenceVisible, []any{1, "!r:x"}},
+	"fence outbox":        {fenceUnattempted, []any{int64(0), 1, "!r:x"}},
+	"owed report":         {selectOldestOwed, []any{1, "!r:x", int64(0)}},
+	"journal insert":      {insertJournalEvent, []any{1, "$e", "!r:x", "", "", 1, 1, 1, 0, "", 0, int64(0)}},
+	"settle":              {settleEvent, []any{1, "$e"}},
+	"retired stage":       {selectRetiredStage, []any{1, "d"}},
+	"journal edit lookup": {selectJournalEdit, []any{1, "$e", "!r:x"}},
+}
+
+func TestEveryHotQueryIsIndexCovered(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, Options{StorageDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for name, q := range hotQueries {
+		t.Run(name, func(t *testing.T) {
+			rows, err := db.Writer.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q.query, q.args...)
+			if err != nil {
+				t.Fatalf("explain: %v", err)
+			}
+			defer rows.Close()
+			var plan []string
+			for rows.Next() {
+				var id, parent, notused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, detail)
+			}
+			if strings.HasPrefix(strings.TrimSpace(q.query), "SELECT") && len(plan) == 0 {
+				t.Fatalf("no plan for a query")
+			}
+			if strings.Contains(q.query, "(v.created_ts, v.event_id) < (?, ?)") &&
+				!strings.Contains(strings.Join(plan, "\n"), "(created_ts,event_id)<(?,?)") {
+				t.Fatalf("the cursor does not bound the index search:\n%s", strings.Join(plan, "\n"))
+			}
+			for _, step := range plan {
+				if strings.HasPrefix(step, "SCAN") || strings.Contains(step, "TEMP B-TREE") {
+					t.Fatalf("plan falls back to %q:\n%s", step, strings.Join(plan, "\n"))
+				}
+			}
+		})
+	}
+}
