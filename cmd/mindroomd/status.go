@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// runStatus prints one line per principal. It refuses to create a journal
+// where none exists, so a mistyped path is an error rather than a new file.
+func runStatus(ctx context.Context, out io.Writer, storage string) error {
+	path := sqlitefs.Path(storage)
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("no journal at %s: %w", path, err)
+	}
+	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	gen, err := db.Generation(ctx)
+	if err != nil {
+		return err
+	}
+	st, err := db.Status(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", path, gen, sqlitefs.SchemaVersion())
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tUNDELIVERED")
+	for _, s := range st {
+		fmt.Fprintf(w, "%s@%s\t%d\t%d\t%d\t%d\n", s.Agent, s.UserID, s.Events, s.Pending, s.Visible, s.Undelivered)
+	}
+	return w.Flush()
+}
