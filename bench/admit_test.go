@@ -1,0 +1,461 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport"
+)
+
+// offeredRate is the fixed open-loop load of the latency phase, events/s.
+const offeredRate = 2000
+
+// BenchmarkAdmit measures admission through the writer actor
+// (synchronous=FULL, group commit) into a database already holding
+// 3×10^5 settled messages over 16 principals × 32 rooms, with random
+// 43-character event IDs. Senders are goroutines that each admit one-event
+// batches in a loop and await every reply; that waiting is what lets the
+// writer gather concurrent commands into one commit.
+//
+// Sub-benchmarks: group commit with 64 and 256 senders; one command per
+// transaction (MaxBatch 1) with 256 senders; the naive schema baseline
+// (naive_test.go) behind the same actor with 256 senders; and "ratios",
+// which reports group/naive and group/one-per-tx from the runs before it.
+//
+// Metrics per run: events/s, and events admitted per round (a round ends
+// after 30,000 events or 15 s, whichever comes first); walB/ev, WAL bytes
+// appended per event (walstat_test.go explains the method); wrB/ev, all
+// bytes the process wrote per event, checkpoints included; ev/commit, the
+// mean group-commit batch; wal-restarts, checkpoints that let the WAL
+// start over; and for 256-sender runs p50-ms and p99-ms, command latency
+// at a fixed offered load of 2,000 events/s.
+func BenchmarkAdmit(b *testing.B) {
+	sz := benchSizes()
+	spec := fixtureSpec{Layout: "admit-16x32", N: sz.admitBase, Principals: admitPrincipals, Rooms: admitRooms}
+	storePath := storeFixture(b, spec)
+	naivePath := naiveFixture(b, spec)
+
+	rates := map[string]float64{}
+	cases := []struct {
+		name    string
+		senders int
+		latency bool
+		open    func(b *testing.B) *admitEnv
+	}{
+		{"group/senders=64", 64, false, func(b *testing.B) *admitEnv { return openStoreAdmit(b, storePath, store.Options{}) }},
+		{"group/senders=256", 256, true, func(b *testing.B) *admitEnv { return openStoreAdmit(b, storePath, store.Options{}) }},
+		{"one-per-tx/senders=256", 256, true, func(b *testing.B) *admitEnv {
+			return openStoreAdmit(b, storePath, store.Options{MaxBatch: 1})
+		}},
+		{"naive/senders=256", 256, true, func(b *testing.B) *admitEnv { return openNaiveAdmit(b, naivePath) }},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			rates[c.name] = runAdmit(b, c.open(b), c.senders, c.latency)
+		})
+	}
+	b.Run("ratios", func(b *testing.B) {
+		for range b.N {
+			// Nothing to time: this leaf only carries the cross-run ratios,
+			// which a parent benchmark cannot report.
+		}
+		group := rates["group/senders=256"]
+		if naive := rates["naive/senders=256"]; group > 0 && naive > 0 {
+			b.ReportMetric(group/naive, "group/naive")
+		}
+		if one := rates["one-per-tx/senders=256"]; group > 0 && one > 0 {
+			b.ReportMetric(group/one, "group/one-per-tx")
+		}
+	})
+}
+
+// planned is one event a sender will admit as a batch of one.
+type planned struct {
+	principal int
+	id        string
+	token     string
+	in        journal.Inbound
+}
+
+// admitter admits one planned event and waits for its commit.
+type admitter interface {
+	admit(ctx context.Context, e planned) error
+}
+
+// storeAdmitter admits through the real store's principal views.
+type storeAdmitter struct{ views []journal.PrincipalStore }
+
+func (a storeAdmitter) admit(ctx context.Context, e planned) error {
+	res, err := a.views[e.principal].AdmitBatch(ctx, []journal.Inbound{e.in}, e.token)
+	if err != nil {
+		return err
+	}
+	if res[0].Outcome != journal.Admitted {
+		return fmt.Errorf("admit %s: %v %v", e.id, res[0].Outcome, res[0].Err)
+	}
+	return nil
+}
+
+// admitEnv is one admission run's private database and its instruments.
+type admitEnv struct {
+	adm     admitter
+	wal     *walCounter
+	targets [][]target // per principal index: existing messages to relate to
+}
+
+// target is an existing message an edit or reaction can point at.
+type target struct {
+	room, id, sender string
+	ts               int64
+}
+
+// targetSample is about how many fixture messages are sampled as targets.
+const targetSample = 4096
+
+func openStoreAdmit(b *testing.B, fixture string, opts store.Options) *admitEnv {
+	b.Helper()
+	ctx := context.Background()
+	dir := b.TempDir()
+	if err := copyFile(fixture, sqlitefs.Path(dir), true); err != nil {
+		b.Fatal(err)
+	}
+	opts.StorageDir = dir
+	s, err := store.Open(ctx, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	views := make([]journal.PrincipalStore, admitPrincipals)
+	for p := range views {
+		if views[p], err = s.Principal(ctx, agentName(p), agentUser(p)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ids, err := principalIDs(ctx, s, admitPrincipals)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The copy must read back in page order before it is worth measuring.
+	var inRoom int
+	if err := s.DB().Readers.QueryRowContext(ctx, `SELECT count(*) FROM visible_messages WHERE principal = ? AND room_id = ?`,
+		ids[0], roomID(0)).Scan(&inRoom); err != nil {
+		b.Fatal(err)
+	}
+	if err := verifyConversation(ctx, s, views[0], ids[0], roomID(0), inRoom); err != nil {
+		b.Fatalf("admission fixture does not read back: %v", err)
+	}
+	index := map[int64]int{}
+	for p, id := range ids {
+		index[id] = p
+	}
+	targets, err := sampleTargets(ctx, s.DB().Readers,
+		`SELECT principal, room_id, event_id, sender, created_ts FROM visible_messages WHERE seq % ? = 0`, index)
+	if err != nil {
+		b.Fatal(err)
+	}
+	wal, err := installWALCounter(ctx, s.DB().Writer, s.DB().Path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(wal.close)
+	return &admitEnv{adm: storeAdmitter{views: views}, wal: wal, targets: targets}
+}
+
+func openNaiveAdmit(b *testing.B, fixture string) *admitEnv {
+	b.Helper()
+	ctx := context.Background()
+	path := filepath.Join(b.TempDir(), "naive.db")
+	if err := copyFile(fixture, path, true); err != nil {
+		b.Fatal(err)
+	}
+	n, err := openNaive(ctx, path, admitPrincipals)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(n.close)
+	index := map[int64]int{}
+	for p := range admitPrincipals {
+		index[int64(p+1)] = p
+	}
+	targets, err := sampleTargets(ctx, n.db,
+		`SELECT principal, room_id, event_id, sender, created_ts FROM visible WHERE rowid % ? = 0`, index)
+	if err != nil {
+		b.Fatal(err)
+	}
+	wal, err := installWALCounter(ctx, n.db, path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(wal.close)
+	return &admitEnv{adm: n, wal: wal, targets: targets}
+}
+
+// sampleTargets reads about targetSample existing messages, grouped by
+// principal index. q takes the sampling modulus.
+func sampleTargets(ctx context.Context, db *sql.DB, q string, index map[int64]int) ([][]target, error) {
+	var total int
+	if err := db.QueryRowContext(ctx, `SELECT max(1, count(*) / ?) FROM (`+q+`)`, targetSample, 1).Scan(&total); err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, q, total)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([][]target, admitPrincipals)
+	for rows.Next() {
+		var (
+			pid int64
+			t   target
+		)
+		if err := rows.Scan(&pid, &t.room, &t.id, &t.sender, &t.ts); err != nil {
+			return nil, err
+		}
+		p, ok := index[pid]
+		if !ok {
+			return nil, fmt.Errorf("sampled a message of unknown principal %d", pid)
+		}
+		out[p] = append(out[p], t)
+	}
+	return out, rows.Err()
+}
+
+// planner generates the admission mix: ~80% ~300-byte text messages in a
+// random room of the sender's principal, ~12% edits of an earlier message
+// by its own author (half the time one this sender just admitted, half an
+// old fixture message), ~8% reactions. Timestamps grow by 1 ms per event
+// from the wall clock, so every edit is newer than its target and applies.
+type planner struct {
+	g       *gen
+	targets [][]target
+	recent  map[int][]target // per sender: its own latest messages
+	base    int64
+	tick    int64
+}
+
+const recentPerSender = 64
+
+func newPlanner(targets [][]target) *planner {
+	return &planner{
+		g:       newGen(uint64(time.Now().UnixNano()), 7),
+		targets: targets,
+		recent:  map[int][]target{},
+		base:    time.Now().UnixMilli(),
+	}
+}
+
+// plan returns perSender events for each of senders senders; sender s
+// speaks for principal s mod admitPrincipals.
+func (pl *planner) plan(senders, perSender int) [][]planned {
+	plans := make([][]planned, senders)
+	for s := range plans {
+		plans[s] = make([]planned, 0, perSender)
+		for range perSender {
+			plans[s] = append(plans[s], pl.next(s))
+		}
+	}
+	return plans
+}
+
+func (pl *planner) next(s int) planned {
+	p := s % admitPrincipals
+	pl.tick++
+	ts := pl.base + pl.tick
+	id := pl.g.eventID()
+	var (
+		ev   testsupport.Ev
+		room string
+	)
+	roll := pl.g.r.IntN(100)
+	t, haveTarget := pl.pickTarget(s, p)
+	switch {
+	case roll < 80 || !haveTarget:
+		room = roomID(pl.g.r.IntN(admitRooms))
+		sender := userID(pl.g.r.IntN(numUsers))
+		ev = testsupport.Message(id, sender, ts, pl.g.body())
+		r := append(pl.recent[s], target{room: room, id: id, sender: sender, ts: ts})
+		if len(r) > recentPerSender {
+			r = r[1:]
+		}
+		pl.recent[s] = r
+	case roll < 92:
+		room = t.room
+		ev = testsupport.Edit(id, t.sender, ts, t.id, pl.g.body())
+	default:
+		room = t.room
+		ev = testsupport.Reaction(id, userID(pl.g.r.IntN(numUsers)), ts, t.id, "👍")
+	}
+	return planned{
+		principal: p,
+		id:        id,
+		token:     fmt.Sprintf("s%d_%d", s, pl.tick),
+		in:        journal.Inbound{RoomID: room, Provenance: journal.Live, Event: ev.JSON()},
+	}
+}
+
+func (pl *planner) pickTarget(s, p int) (target, bool) {
+	recent, old := pl.recent[s], pl.targets[p]
+	switch {
+	case len(recent) > 0 && (len(old) == 0 || pl.g.r.IntN(2) == 0):
+		return recent[pl.g.r.IntN(len(recent))], true
+	case len(old) > 0:
+		return old[pl.g.r.IntN(len(old))], true
+	}
+	return target{}, false
+}
+
+// runRound starts one goroutine per sender, each admitting its events one
+// at a time and awaiting each commit, until its plan is done or maxDur has
+// passed; the cap keeps a slow configuration (one fsync per event on a
+// busy disk) from stretching `make bench`. It returns the wall time until
+// the last commit and the events admitted.
+func runRound(ctx context.Context, adm admitter, plans [][]planned, maxDur time.Duration) (time.Duration, int, error) {
+	var (
+		wg       sync.WaitGroup
+		admitted atomic.Int64
+		errc     = make(chan error, len(plans))
+	)
+	start := time.Now()
+	deadline := start.Add(maxDur)
+	for _, plan := range plans {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, e := range plan {
+				if time.Now().After(deadline) {
+					return
+				}
+				if err := adm.admit(ctx, e); err != nil {
+					errc <- err
+					return
+				}
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errc)
+	return elapsed, int(admitted.Load()), <-errc
+}
+
+// runAdmit runs the throughput rounds (and, if asked, the latency phase)
+// against env and reports the metrics. It returns events/s.
+func runAdmit(b *testing.B, env *admitEnv, senders int, latency bool) float64 {
+	ctx := context.Background()
+	sz := benchSizes()
+	pl := newPlanner(env.targets)
+	perSender := max(1, sz.admitEvents/senders)
+
+	// A tenth of a round, untimed, warms SQLite's cache and the prepared
+	// statements so the measured rounds start in steady state.
+	if _, _, err := runRound(ctx, env.adm, pl.plan(senders, max(1, perSender/10)), sz.maxRound/10); err != nil {
+		b.Fatalf("warm-up: %v", err)
+	}
+	wal0, _, err := env.wal.sample()
+	if err != nil {
+		b.Fatal(err)
+	}
+	wchar0, haveIO := processWriteChars()
+	var (
+		elapsed time.Duration
+		events  int
+	)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		plans := pl.plan(senders, perSender) // generation is not admission
+		b.StartTimer()
+		d, n, err := runRound(ctx, env.adm, plans, sz.maxRound)
+		if err != nil {
+			b.Fatal(err)
+		}
+		elapsed += d
+		events += n
+	}
+	b.StopTimer()
+	wal1, pageSize, err := env.wal.sample()
+	if err != nil {
+		b.Fatal(err)
+	}
+	wchar1, _ := processWriteChars()
+
+	rate := float64(events) / elapsed.Seconds()
+	b.ReportMetric(rate, "events/s")
+	b.ReportMetric(float64(events)/float64(b.N), "events")
+	frames := wal1.Frames - wal0.Frames
+	b.ReportMetric(float64(walBytes(frames, pageSize))/float64(events), "walB/ev")
+	if haveIO {
+		b.ReportMetric(float64(wchar1-wchar0)/float64(events), "wrB/ev")
+	}
+	if commits := wal1.Commits - wal0.Commits; commits > 0 {
+		b.ReportMetric(float64(events)/float64(commits), "ev/commit")
+	}
+	b.ReportMetric(float64(wal1.Restarts-wal0.Restarts), "wal-restarts")
+
+	if latency {
+		p50, p99, err := offerLoad(ctx, env.adm, pl, sz.latencyEvents, offeredRate)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+	}
+	return rate
+}
+
+// offerLoad is an open-loop generator: it issues count commands at rate
+// per second on a fixed schedule, each from its own goroutine, whether or
+// not earlier ones have finished. Latency runs from a command's scheduled
+// time (not from when the generator got round to it), so a stall in the
+// generator or the writer shows up instead of being hidden.
+func offerLoad(ctx context.Context, adm admitter, pl *planner, count, rate int) (p50, p99 time.Duration, err error) {
+	// One event per principal in turn, the same mix as the rounds.
+	perPrincipal := max(1, count/admitPrincipals)
+	plans := pl.plan(admitPrincipals, perPrincipal)
+	events := make([]planned, 0, perPrincipal*admitPrincipals)
+	for k := range perPrincipal {
+		for s := range plans {
+			events = append(events, plans[s][k])
+		}
+	}
+	interval := time.Second / time.Duration(rate)
+	lat := make([]time.Duration, len(events))
+	var (
+		wg   sync.WaitGroup
+		errc = make(chan error, len(events))
+	)
+	start := time.Now()
+	for i, e := range events {
+		due := start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := adm.admit(ctx, e); err != nil {
+				errc <- err
+				return
+			}
+			lat[i] = time.Since(due)
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	if err := <-errc; err != nil {
+		return 0, 0, err
+	}
+	slices.Sort(lat)
+	return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], nil
+}

@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport"
+)
+
+// storageBatch is the events per AdmitBatch (and IDs per Settle) when
+// filling the storage benchmark's journal: big batches keep the fill fast;
+// the layout on disk does not depend on them.
+const storageBatch = 500
+
+// BenchmarkStorage measures bytes on disk per admitted, settled message
+// at 10^5 messages (16 principals × 32 rooms, ~300-byte text messages):
+// admit through the store, settle everything, checkpoint with
+// wal_checkpoint(TRUNCATE) on a separate connection, then divide the
+// database plus WAL size by the messages. Metric: disk-B/msg.
+func BenchmarkStorage(b *testing.B) {
+	ctx := context.Background()
+	msgs := benchSizes().storageMsgs
+	spec := fixtureSpec{Layout: "storage-16x32", N: msgs, Principals: admitPrincipals, Rooms: admitRooms}
+	var perMsg float64
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		dir := b.TempDir()
+		s, err := store.Open(ctx, store.Options{StorageDir: dir})
+		if err != nil {
+			b.Fatal(err)
+		}
+		views := make([]journal.PrincipalStore, admitPrincipals)
+		for p := range views {
+			if views[p], err = s.Principal(ctx, agentName(p), agentUser(p)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		if err := fillAndSettle(ctx, views, spec); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		path := s.DB().Path
+		if err := checkpointTruncate(ctx, path); err != nil {
+			b.Fatal(err)
+		}
+		perMsg = float64(fileSize(path)+fileSize(path+"-wal")) / float64(msgs)
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(perMsg, "disk-B/msg")
+}
+
+// fillAndSettle admits spec's messages live, one principal's batch of
+// storageBatch at a time, then settles them all.
+func fillAndSettle(ctx context.Context, views []journal.PrincipalStore, spec fixtureSpec) error {
+	pending := make([][]journal.Inbound, len(views))
+	admitted := make([][]string, len(views))
+	flush := func(p int) error {
+		if len(pending[p]) == 0 {
+			return nil
+		}
+		if _, err := views[p].AdmitBatch(ctx, pending[p], ""); err != nil {
+			return err
+		}
+		pending[p] = pending[p][:0]
+		return nil
+	}
+	err := spec.each(func(_ int, m fixtureMessage) error {
+		pending[m.Principal] = append(pending[m.Principal],
+			testsupport.Live(roomID(m.Room), testsupport.Message(m.EventID, m.Sender, m.TS, m.Body))...)
+		admitted[m.Principal] = append(admitted[m.Principal], m.EventID)
+		if len(pending[m.Principal]) == storageBatch {
+			return flush(m.Principal)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for p, ids := range admitted {
+		if err := flush(p); err != nil {
+			return err
+		}
+		for len(ids) > 0 {
+			n := min(storageBatch, len(ids))
+			if _, err := views[p].Settle(ctx, ids[:n]...); err != nil {
+				return err
+			}
+			ids = ids[n:]
+		}
+	}
+	return nil
+}
+
+// checkpointTruncate copies the WAL into the database and truncates it,
+// from a connection of its own, as an operator's tool would.
+func checkpointTruncate(ctx context.Context, path string) error {
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var busy, logFrames, done int
+	if err := db.QueryRowContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &logFrames, &done); err != nil {
+		return err
+	}
+	if busy != 0 {
+		return errors.New("wal_checkpoint(TRUNCATE) was blocked by a reader or writer")
+	}
+	return nil
+}

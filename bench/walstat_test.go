@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/mattn/go-sqlite3"
+)
+
+// WAL bytes per event is the admission ceiling (DESIGN.md §13), so it is
+// measured exactly rather than inferred from file sizes: the -wal file
+// never shrinks, and after a checkpoint SQLite rewrites it from the start.
+//
+// Method. SQLite's per-connection counter (sqlite3_db_status
+// SQLITE_DBSTATUS_CACHE_WRITE) is not reachable through mattn/go-sqlite3,
+// so walCounter reads the wal-index header SQLite keeps in the -shm file
+// (https://www.sqlite.org/walformat.html §2.2: mxFrame, the frames in the
+// WAL, and the salts, which change whenever the WAL restarts after a
+// checkpoint). A commit hook on the writer's only connection samples the
+// header at every commit. The hook runs before that commit writes its
+// frames, so each sample sees every earlier commit; restarts happen only
+// when a commit writes its first frame, after the sample. Summing the
+// growth of mxFrame across samples, and the whole mxFrame of a new
+// generation after a restart, counts every frame appended. A frame is
+// page_size + 24 bytes. (A transaction that spills its cache into the WAL
+// before committing could hide one commit's frames behind a restart; with
+// a 64 MiB cache and small batches that does not happen here.)
+//
+// Alongside, wchar from /proc/self/io counts every byte the process
+// passed to write(2): WAL frames plus checkpoint copies into the main
+// file, i.e. the whole write amplification.
+type walCounter struct {
+	shm *os.File
+
+	mu       sync.Mutex
+	started  bool
+	pageSize int
+	salt     [8]byte
+	mx       uint32
+	stats    walStats
+	err      error
+}
+
+// walStats are cumulative counts since the counter was installed.
+type walStats struct {
+	// Frames is the WAL frames appended; Commits the transactions
+	// committed; Restarts the times the WAL began again at frame 1 (each
+	// after a completed checkpoint).
+	Frames, Commits, Restarts int64
+}
+
+// walIndexVersion is the only wal-index format SQLite has shipped.
+const walIndexVersion = 3007000
+
+// installWALCounter hooks the writer connection of db (a pool of exactly
+// one connection, idle at the time of the call) whose file is dbPath.
+func installWALCounter(ctx context.Context, db *sql.DB, dbPath string) (*walCounter, error) {
+	shm, err := os.Open(dbPath + "-shm")
+	if err != nil {
+		return nil, fmt.Errorf("wal counter: %w", err)
+	}
+	w := &walCounter{shm: shm}
+	w.mu.Lock()
+	w.observeLocked()
+	err = w.err
+	w.mu.Unlock()
+	if err != nil {
+		shm.Close()
+		return nil, err
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		shm.Close()
+		return nil, err
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		c, ok := dc.(*sqlite3.SQLiteConn)
+		if !ok {
+			return fmt.Errorf("wal counter: driver connection is %T", dc)
+		}
+		c.RegisterCommitHook(func() int {
+			w.mu.Lock()
+			w.stats.Commits++
+			w.observeLocked()
+			w.mu.Unlock()
+			return 0 // never veto the commit
+		})
+		return nil
+	})
+	if err != nil {
+		shm.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// observeLocked samples the wal-index header and accounts for the frames
+// appended since the previous sample.
+func (w *walCounter) observeLocked() {
+	var hdr [48]byte
+	if _, err := w.shm.ReadAt(hdr[:], 0); err != nil {
+		w.err = fmt.Errorf("read wal-index header: %w", err)
+		return
+	}
+	// The header is written in the machine's byte order.
+	if v := binary.NativeEndian.Uint32(hdr[0:4]); v != walIndexVersion {
+		w.err = fmt.Errorf("wal-index version %d, want %d", v, walIndexVersion)
+		return
+	}
+	pageSize := int(binary.NativeEndian.Uint16(hdr[14:16]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	mx := binary.NativeEndian.Uint32(hdr[16:20])
+	var salt [8]byte
+	copy(salt[:], hdr[32:40])
+	switch {
+	case !w.started:
+		w.started = true
+	case salt != w.salt:
+		w.stats.Restarts++
+		w.stats.Frames += int64(mx)
+	case mx >= w.mx:
+		w.stats.Frames += int64(mx - w.mx)
+	}
+	w.pageSize, w.salt, w.mx = pageSize, salt, mx
+}
+
+// sample takes a fresh reading (call it while the writer is idle, so the
+// last commit's frames are counted) and returns the totals so far.
+func (w *walCounter) sample() (walStats, int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.observeLocked()
+	return w.stats, w.pageSize, w.err
+}
+
+// close releases the -shm handle. The hook stays on the connection until
+// it closes; later samples only record an error nobody reads.
+func (w *walCounter) close() { w.shm.Close() }
+
+// walBytes converts frames to bytes: each frame is a 24-byte header and
+// one page.
+func walBytes(frames int64, pageSize int) int64 { return frames * int64(pageSize+24) }
+
+// processWriteChars returns wchar from /proc/self/io: bytes this process
+// passed to write-family system calls. ok is false where /proc is absent.
+func processWriteChars() (int64, bool) {
+	f, err := os.Open("/proc/self/io")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "wchar:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
