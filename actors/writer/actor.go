@@ -110,6 +110,14 @@ type writerActor struct {
 
 // Receive implements actor.Actor.
 func (a *writerActor) Receive(ctx actor.Context) {
+	// A panic outside the batch transaction (in Publish, a reply, a hook)
+	// must still stop the writer as a fault: left to supervision it would
+	// stop it too, but OnStopped would then see an orderly stop.
+	defer func() {
+		if r := recover(); r != nil {
+			a.fail(ctx, fmt.Errorf("panic in writer: %v", r))
+		}
+	}()
 	switch m := ctx.Message().(type) {
 	case *Execute:
 		if a.failed != nil {
@@ -137,6 +145,21 @@ func (a *writerActor) Receive(ctx actor.Context) {
 			a.deps.OnStopped(a.failed)
 		}
 	}
+}
+
+// fail stops the writer for a fault outside a batch transaction, failing
+// the commands still waiting in the open batch.
+func (a *writerActor) fail(ctx actor.Context, err error) {
+	if a.failed == nil {
+		a.failed = &FatalError{Err: err}
+	}
+	a.deps.Log.Error().Err(err).Msg("Writer failed; stopping")
+	batch := a.batch
+	a.batch, a.bytes = nil, 0
+	for _, q := range batch {
+		q.answer(ctx, &Executed{Err: a.failed})
+	}
+	ctx.Stop(ctx.Self())
 }
 
 func (a *writerActor) flush(ctx actor.Context) {

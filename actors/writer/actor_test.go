@@ -1,0 +1,722 @@
+package writer_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/mattn/go-sqlite3"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/actors/writer"
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// testDeadline bounds every wait in these tests, so a deadlock fails the
+// test instead of hanging it. It is generous: the race detector and fsync
+// storms on a small machine are slow, but never this slow.
+const testDeadline = 60 * time.Second
+
+// harness is a writer actor over a real on-disk journal file with a small
+// scratch table the test commands write to.
+type harness struct {
+	t      *testing.T
+	ctx    context.Context
+	db     *sqlitefs.DB
+	root   *actor.RootContext
+	pid    *actor.PID
+	done   chan struct{} // closed by OnStopped
+	stopMu sync.Mutex
+	stop   error // OnStopped's argument
+	hints  chan []hint.Hint
+}
+
+type harnessOptions struct {
+	maxBatch, maxBatchBytes int
+	// publish, when set, runs inside Publish before the hints are handed to
+	// the test.
+	publish func([]hint.Hint)
+}
+
+func newHarness(t *testing.T, o harnessOptions) *harness {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	t.Cleanup(cancel)
+	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("open journal file: %v", err)
+	}
+	if _, err := db.Writer.ExecContext(ctx, `CREATE TABLE scratch (k TEXT PRIMARY KEY)`); err != nil {
+		t.Fatalf("create scratch table: %v", err)
+	}
+	system := actors.NewSystem(zerolog.Nop())
+	h := &harness{
+		t: t, ctx: ctx, db: db, root: system.Root,
+		done:  make(chan struct{}),
+		hints: make(chan []hint.Hint, 64),
+	}
+	h.pid = system.Root.Spawn(writer.Props(writer.Deps{
+		DB:      db.Writer,
+		Log:     zerolog.Nop(),
+		IsFatal: sqlitefs.IsFatal,
+		Publish: func(hs []hint.Hint) {
+			if o.publish != nil {
+				o.publish(hs)
+			}
+			h.hints <- slices.Clone(hs)
+		},
+		OnStopped: func(err error) {
+			h.stopMu.Lock()
+			h.stop = err
+			h.stopMu.Unlock()
+			close(h.done)
+		},
+		MaxBatch:      o.maxBatch,
+		MaxBatchBytes: o.maxBatchBytes,
+	}))
+	t.Cleanup(func() {
+		select {
+		case <-h.done:
+		default:
+			h.root.Poison(h.pid)
+			select {
+			case <-h.done:
+			case <-time.After(testDeadline):
+				t.Errorf("writer did not stop after Poison")
+			}
+		}
+		if err := db.Close(); err != nil {
+			t.Errorf("close journal file: %v", err)
+		}
+	})
+	return h
+}
+
+// stopErr waits for the writer to stop and returns OnStopped's argument.
+func (h *harness) stopErr() error {
+	h.t.Helper()
+	select {
+	case <-h.done:
+	case <-h.ctx.Done():
+		h.t.Fatalf("writer did not stop: %v", h.ctx.Err())
+	}
+	h.stopMu.Lock()
+	defer h.stopMu.Unlock()
+	return h.stop
+}
+
+// send queues cmd in the writer's mailbox now (root.Send is synchronous
+// enqueueing) and returns the channel its reply will arrive on.
+func (h *harness) send(name string, run writer.Command) <-chan *writer.Executed {
+	reply := make(chan *writer.Executed, 1)
+	h.root.Send(h.pid, &writer.Execute{Name: name, Run: run, Reply: reply})
+	return reply
+}
+
+// await returns the reply on ch or fails the test at the deadline.
+func (h *harness) await(name string, ch <-chan *writer.Executed) *writer.Executed {
+	h.t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-h.ctx.Done():
+		h.t.Fatalf("no reply to %s: %v", name, h.ctx.Err())
+		return nil
+	}
+}
+
+// gate queues a command that holds the writer inside its own batch until
+// the returned release is called. When gate returns, the writer is inside
+// that command, so everything sent afterwards waits in the mailbox and joins
+// one later batch.
+func (h *harness) gate() (release func(), reply <-chan *writer.Executed) {
+	h.t.Helper()
+	started, hold := make(chan struct{}), make(chan struct{})
+	reply = h.send("gate", func(tx *writer.Tx) (any, error) {
+		close(started)
+		<-hold
+		return tx, nil
+	})
+	select {
+	case <-started:
+	case <-h.ctx.Done():
+		h.t.Fatalf("gate command never ran: %v", h.ctx.Err())
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { close(hold) }) }
+	h.t.Cleanup(release)
+	return release, reply
+}
+
+// present reports whether the scratch row k is visible to a reader, that
+// is, committed.
+func (h *harness) present(k string) bool {
+	h.t.Helper()
+	var n int
+	if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
+		h.t.Fatalf("read scratch row %q: %v", k, err)
+	}
+	return n == 1
+}
+
+func (h *harness) rowCount() int {
+	h.t.Helper()
+	var n int
+	if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch`).Scan(&n); err != nil {
+		h.t.Fatalf("count scratch rows: %v", err)
+	}
+	return n
+}
+
+// insert is a command writing scratch row k. Its result is the batch's
+// *writer.Tx: the writer creates one per transaction, and holding it in the
+// result keeps it alive, so equal pointers mean a shared commit.
+func insert(k string) writer.Command {
+	return func(tx *writer.Tx) (any, error) {
+		_, err := tx.Exec(`INSERT INTO scratch (k) VALUES (?)`, k)
+		return tx, err
+	}
+}
+
+func txOf(t *testing.T, name string, r *writer.Executed) *writer.Tx {
+	t.Helper()
+	tx, ok := r.Result.(*writer.Tx)
+	if !ok {
+		t.Fatalf("%s: result %T (err %v), want *writer.Tx", name, r.Result, r.Err)
+	}
+	return tx
+}
+
+func TestWriterFailingCommandRollsBackAloneInSharedBatch(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, gateReply := h.gate()
+
+	errB := errors.New("command B refuses")
+	a := h.send("A", insert("a"))
+	b := h.send("B", func(tx *writer.Tx) (any, error) {
+		if _, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('b')`); err != nil {
+			return nil, err
+		}
+		return tx, errB
+	})
+	c := h.send("C", insert("c"))
+	release()
+
+	gateTx := txOf(t, "gate", h.await("gate", gateReply))
+	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
+	if ra.Err != nil || rc.Err != nil {
+		t.Fatalf("A, C errors: got %v, %v, want nil, nil", ra.Err, rc.Err)
+	}
+	if !errors.Is(rb.Err, errB) {
+		t.Fatalf("B error: got %v, want %v", rb.Err, errB)
+	}
+	txA, txB, txC := txOf(t, "A", ra), txOf(t, "B", rb), txOf(t, "C", rc)
+	if txA != txB || txB != txC {
+		t.Fatalf("A, B, C ran in different transactions (%p, %p, %p); the test needs one batch", txA, txB, txC)
+	}
+	if txA == gateTx {
+		t.Fatalf("A joined the gate's batch; want a later batch")
+	}
+	for k, want := range map[string]bool{"a": true, "b": false, "c": true} {
+		if got := h.present(k); got != want {
+			t.Errorf("row %q committed: got %v, want %v", k, got, want)
+		}
+	}
+}
+
+func TestWriterConcurrentSendersAllGetRepliesWithoutDeadlock(t *testing.T) {
+	const senders, perSender = 256, 16
+	h := newHarness(t, harnessOptions{})
+	var (
+		wg      sync.WaitGroup
+		errs    = make(chan error, senders)
+		mu      sync.Mutex
+		batches = make(map[*writer.Tx]int)
+	)
+	for s := 0; s < senders; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perSender; i++ {
+				k := fmt.Sprintf("s%d-%d", s, i)
+				res, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: k, Run: insert(k)}, h.done)
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", k, err)
+					return
+				}
+				mu.Lock()
+				batches[res.(*writer.Tx)]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	if got, want := h.rowCount(), senders*perSender; got != want {
+		t.Fatalf("committed rows: got %d, want %d", got, want)
+	}
+	for s := 0; s < senders; s++ {
+		for i := 0; i < perSender; i++ {
+			if k := fmt.Sprintf("s%d-%d", s, i); !h.present(k) {
+				t.Fatalf("row %q missing", k)
+			}
+		}
+	}
+	largest := 0
+	for _, n := range batches {
+		largest = max(largest, n)
+	}
+	t.Logf("%d commands in %d commits, largest batch %d", senders*perSender, len(batches), largest)
+}
+
+func TestWriterReplyArrivesOnlyAfterReaderSeesCommit(t *testing.T) {
+	const senders, perSender = 32, 8
+	h := newHarness(t, harnessOptions{})
+	var wg sync.WaitGroup
+	errs := make(chan error, senders)
+	for s := 0; s < senders; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perSender; i++ {
+				k := fmt.Sprintf("s%d-%d", s, i)
+				if _, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: k, Run: insert(k)}, h.done); err != nil {
+					errs <- fmt.Errorf("%s: %w", k, err)
+					return
+				}
+				var n int
+				if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
+					errs <- fmt.Errorf("read %s: %w", k, err)
+					return
+				}
+				if n != 1 {
+					errs <- fmt.Errorf("replied to %s before a reader could see its row", k)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestWriterRepliesToNoCommandBeforeItsWholeBatchCommits(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+
+	a := h.send("A", insert("a"))
+	b := h.send("B", insert("b"))
+	lastStarted, lastHold := make(chan struct{}), make(chan struct{})
+	var seenInside struct {
+		replies  int
+		aVisible bool
+		readErr  error
+	}
+	last := h.send("last", func(tx *writer.Tx) (any, error) {
+		// Running on the writer: A and B ran before this command in the same
+		// transaction, and no reply may have gone out yet.
+		seenInside.replies = len(a) + len(b)
+		var n int
+		seenInside.readErr = h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = 'a'`).Scan(&n)
+		seenInside.aVisible = n > 0
+		close(lastStarted)
+		<-lastHold
+		_, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('last')`)
+		return tx, err
+	})
+	release()
+	select {
+	case <-lastStarted:
+	case <-h.ctx.Done():
+		t.Fatalf("last command never ran: %v", h.ctx.Err())
+	}
+	// The writer is parked inside the batch: still no reply to A or B.
+	if got := len(a) + len(b); got != 0 {
+		t.Fatalf("replies while the batch is still open: got %d, want 0", got)
+	}
+	close(lastHold)
+	ra, rb, rl := h.await("A", a), h.await("B", b), h.await("last", last)
+
+	if seenInside.readErr != nil {
+		t.Fatalf("reader inside batch: %v", seenInside.readErr)
+	}
+	if seenInside.replies != 0 {
+		t.Errorf("replies sent before the batch's last command ran: got %d, want 0", seenInside.replies)
+	}
+	if seenInside.aVisible {
+		t.Errorf("a reader saw A's row before the batch committed")
+	}
+	for name, r := range map[string]*writer.Executed{"A": ra, "B": rb, "last": rl} {
+		if r.Err != nil {
+			t.Errorf("%s: got error %v, want nil", name, r.Err)
+		}
+	}
+	if txA, txB, txL := txOf(t, "A", ra), txOf(t, "B", rb), txOf(t, "last", rl); txA != txB || txB != txL {
+		t.Fatalf("A, B, last ran in different transactions; the test needs one batch")
+	}
+	for _, k := range []string{"a", "b", "last"} {
+		if !h.present(k) {
+			t.Errorf("row %q not committed after its reply", k)
+		}
+	}
+}
+
+func TestWriterPanicFailsWholeBatchStopsAndLeavesFileUnlocked(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, gateReply := h.gate()
+
+	a := h.send("A", func(tx *writer.Tx) (any, error) {
+		_, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('a')`)
+		tx.Hint(hint.Hint{Principal: "p", Room: "a"})
+		return nil, err
+	})
+	pStarted, pHold := make(chan struct{}), make(chan struct{})
+	p := h.send("P", func(tx *writer.Tx) (any, error) {
+		if _, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('p')`); err != nil {
+			return nil, err
+		}
+		close(pStarted)
+		<-pHold
+		panic("injected fault")
+	})
+	c := h.send("C", insert("c"))
+	release()
+	if r := h.await("gate", gateReply); r.Err != nil {
+		t.Fatalf("gate: %v", r.Err)
+	}
+	select {
+	case <-pStarted:
+	case <-h.ctx.Done():
+		t.Fatalf("panicking command never ran: %v", h.ctx.Err())
+	}
+	// Queued behind the failing batch: it must never run.
+	behind := h.send("behind", insert("behind"))
+	close(pHold)
+
+	for _, tc := range []struct {
+		name string
+		ch   <-chan *writer.Executed
+	}{{"A", a}, {"P", p}, {"C", c}} {
+		r := h.await(tc.name, tc.ch)
+		var fe *writer.FatalError
+		if !errors.As(r.Err, &fe) {
+			t.Errorf("%s: got error %v (%T), want *writer.FatalError", tc.name, r.Err, r.Err)
+		}
+	}
+	stopErr := h.stopErr()
+	if stopErr == nil {
+		t.Fatalf("OnStopped: got nil, want the fault")
+	}
+	var fe *writer.FatalError
+	if !errors.As(stopErr, &fe) {
+		t.Errorf("OnStopped: got %v (%T), want *writer.FatalError", stopErr, stopErr)
+	}
+
+	// The writer has stopped, so whatever it published has been published.
+	select {
+	case hs := <-h.hints:
+		t.Errorf("hints published from a failed batch: %v", hs)
+	default:
+	}
+	select {
+	case r := <-behind:
+		if r.Err == nil {
+			t.Errorf("command queued behind the failed batch: got success, want an error or no reply")
+		}
+	default:
+	}
+
+	// Later requests fail at once with ErrStopped.
+	_, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "later", Run: insert("later")}, h.done)
+	if !errors.Is(err, writer.ErrStopped) {
+		t.Errorf("request after the stop: got %v, want %v", err, writer.ErrStopped)
+	}
+
+	for _, k := range []string{"a", "p", "c", "behind", "later"} {
+		if h.present(k) {
+			t.Errorf("row %q committed by a failed or stopped writer", k)
+		}
+	}
+
+	// A fresh connection, outside the writer's pool, can take the write lock
+	// at once and write: the panic leaked no transaction.
+	fresh, err := sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: h.db.Path, RawQuery: "_txlock=immediate&_busy_timeout=2000"}).String())
+	if err != nil {
+		t.Fatalf("open fresh connection: %v", err)
+	}
+	defer fresh.Close()
+	tx, err := fresh.BeginTx(h.ctx, nil)
+	if err != nil {
+		t.Fatalf("BEGIN IMMEDIATE on a fresh connection: %v", err)
+	}
+	if _, err := tx.ExecContext(h.ctx, `INSERT INTO scratch (k) VALUES ('fresh')`); err != nil {
+		_ = tx.Rollback()
+		t.Fatalf("write on a fresh connection: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("commit on a fresh connection: %v", err)
+	}
+	if !h.present("fresh") {
+		t.Errorf("fresh connection's row not visible")
+	}
+}
+
+func TestWriterOrderlyStopCommitsQueuedCommands(t *testing.T) {
+	const queued = 10
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+	replies := make([]<-chan *writer.Executed, queued)
+	for i := range replies {
+		replies[i] = h.send(fmt.Sprint(i), insert(fmt.Sprintf("q%d", i)))
+	}
+	// Poison is queued behind the commands, so they are drained first.
+	stopped := h.root.PoisonFuture(h.pid)
+	release()
+
+	for i, ch := range replies {
+		if r := h.await(fmt.Sprint(i), ch); r.Err != nil {
+			t.Errorf("queued command %d: got %v, want nil", i, r.Err)
+		}
+	}
+	if err := h.stopErr(); err != nil {
+		t.Fatalf("OnStopped after an orderly stop: got %v, want nil", err)
+	}
+	if _, err := stopped.Result(); err != nil {
+		t.Errorf("PoisonFuture: %v", err)
+	}
+	for i := range queued {
+		if k := fmt.Sprintf("q%d", i); !h.present(k) {
+			t.Errorf("row %q queued before the stop was not committed", k)
+		}
+	}
+}
+
+// batchSizes counts the commands of each transaction by *writer.Tx.
+func batchSizes(t *testing.T, h *harness, names []string, replies []<-chan *writer.Executed) map[*writer.Tx]int {
+	t.Helper()
+	sizes := make(map[*writer.Tx]int)
+	for i, ch := range replies {
+		r := h.await(names[i], ch)
+		if r.Err != nil {
+			t.Fatalf("%s: %v", names[i], r.Err)
+		}
+		sizes[txOf(t, names[i], r)]++
+	}
+	return sizes
+}
+
+func TestWriterMaxBatchSplitsQueuedCommandsIntoSeveralCommits(t *testing.T) {
+	const maxBatch, queued = 4, 20
+	h := newHarness(t, harnessOptions{maxBatch: maxBatch})
+	release, _ := h.gate()
+	names := make([]string, queued)
+	replies := make([]<-chan *writer.Executed, queued)
+	for i := range replies {
+		names[i] = fmt.Sprintf("q%d", i)
+		replies[i] = h.send(names[i], insert(names[i]))
+	}
+	release()
+	sizes := batchSizes(t, h, names, replies)
+	if got, want := len(sizes), queued/maxBatch; got < want {
+		t.Errorf("commits: got %d, want at least %d", got, want)
+	}
+	for _, n := range sizes {
+		if n > maxBatch {
+			t.Errorf("a commit held %d commands, want at most %d", n, maxBatch)
+		}
+	}
+	if got := h.rowCount(); got != queued {
+		t.Errorf("committed rows: got %d, want %d", got, queued)
+	}
+}
+
+func TestWriterMaxBatchBytesClosesBatchOnceCapReached(t *testing.T) {
+	const capBytes, cmdBytes, queued = 100, 40, 12
+	h := newHarness(t, harnessOptions{maxBatchBytes: capBytes})
+	release, _ := h.gate()
+	names := make([]string, queued)
+	replies := make([]<-chan *writer.Executed, queued)
+	for i := range replies {
+		names[i] = fmt.Sprintf("q%d", i)
+		reply := make(chan *writer.Executed, 1)
+		h.root.Send(h.pid, &writer.Execute{Name: names[i], Size: cmdBytes, Run: insert(names[i]), Reply: reply})
+		replies[i] = reply
+	}
+	release()
+	sizes := batchSizes(t, h, names, replies)
+	// A batch closes as soon as its estimate reaches the cap: the command
+	// that reaches it is the last one in.
+	perBatch := (capBytes + cmdBytes - 1) / cmdBytes
+	for _, n := range sizes {
+		if n > perBatch {
+			t.Errorf("a commit held %d commands of %d bytes, want at most %d under a %d-byte cap", n, cmdBytes, perBatch, capBytes)
+		}
+	}
+	if got, want := len(sizes), (queued+perBatch-1)/perBatch; got < want {
+		t.Errorf("commits: got %d, want at least %d", got, want)
+	}
+}
+
+func TestWriterPublishesHintsAfterCommitWithoutRolledBackOnes(t *testing.T) {
+	type publication struct {
+		hints   []hint.Hint
+		visible map[string]bool
+	}
+	var h *harness
+	seen := make(chan publication, 16)
+	h = newHarness(t, harnessOptions{publish: func(hs []hint.Hint) {
+		// Runs on the writer, right after its commit.
+		p := publication{hints: slices.Clone(hs), visible: make(map[string]bool)}
+		for _, x := range hs {
+			var n int
+			err := h.db.Readers.QueryRow(`SELECT count(*) FROM scratch WHERE k = ?`, x.Room).Scan(&n)
+			p.visible[x.Room] = err == nil && n == 1
+		}
+		seen <- p
+	}})
+	release, _ := h.gate()
+	hinting := func(k string, fail error) writer.Command {
+		return func(tx *writer.Tx) (any, error) {
+			if _, err := tx.Exec(`INSERT INTO scratch (k) VALUES (?)`, k); err != nil {
+				return nil, err
+			}
+			tx.Hint(hint.Hint{Principal: "p", Room: k, Position: 1})
+			return tx, fail
+		}
+	}
+	errB := errors.New("B rolls back")
+	a := h.send("A", hinting("a", nil))
+	b := h.send("B", hinting("b", errB))
+	c := h.send("C", hinting("c", nil))
+	release()
+	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
+	if !errors.Is(rb.Err, errB) {
+		t.Fatalf("B: got %v, want %v", rb.Err, errB)
+	}
+	if txOf(t, "A", ra) != txOf(t, "C", rc) || txOf(t, "A", ra) != txOf(t, "B", rb) {
+		t.Fatalf("A, B, C ran in different transactions; the test needs one batch")
+	}
+
+	// Stopping the writer ends every Publish call, so the log below is
+	// complete.
+	h.root.Poison(h.pid)
+	if err := h.stopErr(); err != nil {
+		t.Fatalf("orderly stop: %v", err)
+	}
+	close(seen)
+	var rooms []string
+	for p := range seen {
+		for _, x := range p.hints {
+			rooms = append(rooms, x.Room)
+			if !p.visible[x.Room] {
+				t.Errorf("hint for %q published before a reader could see its commit", x.Room)
+			}
+		}
+	}
+	if want := []string{"a", "c"}; !slices.Equal(rooms, want) {
+		t.Errorf("published hints: got rooms %v, want %v", rooms, want)
+	}
+}
+
+func TestWriterPoisonedTransactionErrorFailsWholeBatchAndStops(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+	diskFull := sqlite3.Error{Code: sqlite3.ErrFull}
+	a := h.send("A", insert("a"))
+	f := h.send("F", func(tx *writer.Tx) (any, error) {
+		if _, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('f')`); err != nil {
+			return nil, err
+		}
+		return nil, diskFull
+	})
+	c := h.send("C", insert("c"))
+	release()
+	for _, tc := range []struct {
+		name string
+		ch   <-chan *writer.Executed
+	}{{"A", a}, {"F", f}, {"C", c}} {
+		r := h.await(tc.name, tc.ch)
+		var fe *writer.FatalError
+		if !errors.As(r.Err, &fe) {
+			t.Errorf("%s: got error %v (%T), want *writer.FatalError", tc.name, r.Err, r.Err)
+		}
+		var se sqlite3.Error
+		if !errors.As(r.Err, &se) || se.Code != sqlite3.ErrFull {
+			t.Errorf("%s: got %v, want it to wrap SQLITE_FULL", tc.name, r.Err)
+		}
+	}
+	if err := h.stopErr(); err == nil {
+		t.Errorf("OnStopped: got nil, want the storage fault")
+	}
+	for _, k := range []string{"a", "f", "c"} {
+		if h.present(k) {
+			t.Errorf("row %q committed by a poisoned batch", k)
+		}
+	}
+}
+
+func TestWriterPanicAfterCommitStillStopsWithFault(t *testing.T) {
+	h := newHarness(t, harnessOptions{publish: func([]hint.Hint) { panic("injected publish fault") }})
+	r := h.await("A", h.send("A", func(tx *writer.Tx) (any, error) {
+		_, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('a')`)
+		tx.Hint(hint.Hint{Principal: "p", Room: "a", Position: 1})
+		return nil, err
+	}))
+	// A committed and was answered before the hints went out.
+	if r.Err != nil {
+		t.Fatalf("A: got %v, want nil", r.Err)
+	}
+	if !h.present("a") {
+		t.Errorf("row %q answered but not committed", "a")
+	}
+	stopErr := h.stopErr()
+	var fe *writer.FatalError
+	if !errors.As(stopErr, &fe) {
+		t.Fatalf("OnStopped: got %v (%T), want *writer.FatalError, not an orderly stop", stopErr, stopErr)
+	}
+	_, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "later", Run: insert("later")}, h.done)
+	if !errors.Is(err, writer.ErrStopped) {
+		t.Errorf("request after the stop: got %v, want %v", err, writer.ErrStopped)
+	}
+}
+
+func TestWriterSkipsCommandWhoseCallerGaveUp(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+	gaveUp, cancel := context.WithCancel(h.ctx)
+	reply := make(chan *writer.Executed, 1)
+	h.root.Send(h.pid, &writer.Execute{Ctx: gaveUp, Name: "abandoned", Run: insert("abandoned"), Reply: reply})
+	kept := h.send("kept", insert("kept"))
+	cancel()
+	release()
+	if r := h.await("abandoned", reply); !errors.Is(r.Err, context.Canceled) {
+		t.Errorf("abandoned command: got %v, want %v", r.Err, context.Canceled)
+	}
+	if r := h.await("kept", kept); r.Err != nil {
+		t.Errorf("kept command: got %v, want nil", r.Err)
+	}
+	if h.present("abandoned") {
+		t.Errorf("a command whose caller gave up before it started was run")
+	}
+	if !h.present("kept") {
+		t.Errorf("its batch neighbour was not committed")
+	}
+}
