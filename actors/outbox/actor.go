@@ -176,6 +176,11 @@ func (a *outboxActor) pump(ctx actor.Context) {
 			if a.start(ctx, d) {
 				return
 			}
+			// A failed claim puts the row in backoff: wake for it, or it
+			// would wait for an unrelated commit's hint.
+			if b, ok := a.backoff[k]; ok && b.until.After(now) && (nextRetry.IsZero() || b.until.Before(nextRetry)) {
+				nextRetry = b.until
+			}
 		}
 		if len(rows) < a.deps.ScanLimit {
 			break
