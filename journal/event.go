@@ -158,12 +158,13 @@ type Event struct {
 }
 
 // wireEvent is the envelope shape; a field of the wrong JSON type fails
-// decoding and rejects the event with a precise reason.
+// decoding and rejects the event with a precise reason. The timestamp stays
+// raw because a json.Number would also accept a quoted string.
 type wireEvent struct {
 	EventID        *string         `json:"event_id"`
 	Type           *string         `json:"type"`
 	Sender         *string         `json:"sender"`
-	OriginServerTS *json.Number    `json:"origin_server_ts"`
+	OriginServerTS json.RawMessage `json:"origin_server_ts"`
 	RoomID         *string         `json:"room_id"`
 	StateKey       *string         `json:"state_key"`
 	Redacts        *string         `json:"redacts"`
@@ -213,7 +214,7 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 		return nil, eventErr("sender", "missing")
 	case !ValidUserID(*w.Sender):
 		return nil, eventErr("sender", "not a Matrix user ID")
-	case w.OriginServerTS == nil:
+	case len(w.OriginServerTS) == 0:
 		return nil, eventErr("origin_server_ts", "missing")
 	case w.RoomID != nil && *w.RoomID != in.RoomID:
 		return nil, eventErr("room_id", "disagrees with the room it was delivered in")
@@ -223,7 +224,7 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 		return nil, eventErr("content", "larger than 64 KiB")
 	}
 	ev.ID, ev.Type, ev.Sender = *w.EventID, *w.Type, *w.Sender
-	ts, err := strconv.ParseInt(w.OriginServerTS.String(), 10, 64)
+	ts, err := strconv.ParseInt(string(w.OriginServerTS), 10, 64)
 	if err != nil {
 		return nil, eventErr("origin_server_ts", "not an integer")
 	}

@@ -176,6 +176,11 @@ func validateEnqueue(req journal.EnqueueRequest) error {
 	return validStage(req.Stage)
 }
 
+// ErrPlaceholderSuperseded refuses to claim an initial whose final already
+// owns the delivery. Claim retires the placeholder as it refuses, and unlike
+// other refusals that write must commit, or the scan offers it forever.
+var ErrPlaceholderSuperseded = fmt.Errorf("%w: the final already owns the delivery", journal.ErrNotClaimable)
+
 // Claim freezes one delivery stage for sending: attempted=1 and the sending
 // device are committed before any network I/O. A final learns here whether
 // it edits its acknowledged initial; an initial that was never attempted is
@@ -215,7 +220,7 @@ func Claim(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID
 		if _, err := tx.exec(retireDelivery, tx.nowMS(), d.Position); err != nil {
 			return d, err
 		}
-		return d, fmt.Errorf("%w: the final of %s was already claimed", journal.ErrNotClaimable, deliveryID)
+		return d, fmt.Errorf("%w: %s", ErrPlaceholderSuperseded, deliveryID)
 	case stage == journal.StageFinal && o.State == journal.DeliveryAttempted:
 		return d, fmt.Errorf("%w: %s", journal.ErrStageBlocked, deliveryID)
 	case stage == journal.StageFinal && o.State == journal.DeliveryAcknowledged:
@@ -277,9 +282,22 @@ func projectDelivered(tx *Tx, p Principal, d journal.Delivery, eventID string) e
 	if err != nil {
 		return fmt.Errorf("project delivered: %w", err)
 	}
+	ts := tx.nowMS()
+	if d.ReplacesEventID != "" {
+		// The answer must win over the placeholder it edits even when both
+		// were acknowledged in the same millisecond: edits are ordered by
+		// (ts, event ID), and the homeserver picks the event IDs.
+		row, ok, err := visibleByEvent(tx, p, d.RoomID, d.ReplacesEventID)
+		if err != nil {
+			return fmt.Errorf("project delivered: %w", err)
+		}
+		if ok && row.revision.TS >= ts {
+			ts = row.revision.TS + 1
+		}
+	}
 	raw, err := json.Marshal(map[string]any{
 		"event_id": eventID, "type": d.EventType, "sender": p.UserID,
-		"origin_server_ts": tx.nowMS(), "content": content,
+		"origin_server_ts": ts, "content": content,
 	})
 	if err != nil {
 		return fmt.Errorf("project delivered: %w", err)

@@ -46,8 +46,21 @@ func project(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
 		return projectEdit(tx, p, ev, seq, epoch)
 	case journal.KindRedaction:
 		return projectRedaction(tx, p, ev, seq)
+	case journal.KindReaction:
+		return settleIfRedacted(tx, p, ev)
 	}
 	return nil
+}
+
+// settleIfRedacted settles an event whose redaction arrived before it: it
+// was admitted pending, but there is nothing left to answer.
+func settleIfRedacted(tx *Tx, p Principal, ev *journal.Event) error {
+	dead, err := tombstoned(tx, p, ev.RoomID, ev.ID)
+	if err != nil || !dead {
+		return err
+	}
+	_, err = tx.exec(settleEventInRoom, p.ID, ev.ID, ev.RoomID)
+	return err
 }
 
 func tombstoned(tx *Tx, p Principal, room, eventID string) (bool, error) {
@@ -92,9 +105,12 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) e
 		return err
 	}
 	if dead {
-		// Redacted before it arrived: it never becomes visible, and nothing
-		// held against it ever will either.
-		_, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID)
+		// Redacted before it arrived: it never becomes visible, nothing held
+		// against it ever will either, and it is owed no answer.
+		if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
+			return err
+		}
+		_, err := tx.exec(settleEventInRoom, p.ID, ev.ID, ev.RoomID)
 		return err
 	}
 	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}

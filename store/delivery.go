@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/mindroomd/mindroomd/actors/writer"
@@ -44,10 +45,25 @@ func (v *View) EnqueueAndSettle(ctx context.Context, req journal.EnqueueRequest)
 
 // Claim implements journal.Outbox.
 func (v *View) Claim(ctx context.Context, deliveryID string, stage journal.Stage, deviceID string) (journal.Delivery, error) {
-	return write(ctx, v, "claim", 0, func(tx *sqlitefs.Tx) (journal.Delivery, []hint.Hint, error) {
+	// A superseded placeholder is refused, but its retirement commits.
+	type claimed struct {
+		d       journal.Delivery
+		refused error
+	}
+	res, err := write(ctx, v, "claim", 0, func(tx *sqlitefs.Tx) (claimed, []hint.Hint, error) {
 		d, err := sqlitefs.Claim(tx, v.p, deliveryID, stage, deviceID)
-		return d, nil, err
+		if errors.Is(err, sqlitefs.ErrPlaceholderSuperseded) {
+			return claimed{refused: err}, nil, nil
+		}
+		return claimed{d: d}, nil, err
 	})
+	if err != nil {
+		return journal.Delivery{}, err
+	}
+	if res.refused != nil {
+		return journal.Delivery{}, fmt.Errorf("claim: %w", res.refused)
+	}
+	return res.d, nil
 }
 
 // Acknowledge implements journal.Outbox.

@@ -246,7 +246,11 @@ func (a *outboxActor) finish(m *sent) {
 	}
 	v := judge(m.err)
 	if err := a.deps.Outbox.Fail(a.ctx, d.DeliveryID, d.Stage, m.err.Error(), v.permanent); err != nil {
+		// Unrecorded, the row stays claimable: back off rather than resend
+		// at once.
 		log.Error().Err(err).Msg("Recording a failed send failed")
+		a.delay(k, v.after)
+		return
 	}
 	if v.permanent {
 		log.Warn().Err(m.err).Msg("Delivery failed permanently")
