@@ -1,0 +1,296 @@
+package sqlitefs_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// openDB opens the journal under dir and closes it when the test ends.
+func openDB(t *testing.T, dir string) *sqlitefs.DB {
+	t.Helper()
+	db, err := sqlitefs.Open(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// rawDB opens a file with the plain driver, as another program would.
+func rawDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// pragmaInt reads one integer pragma through q.
+func pragmaInt(t *testing.T, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, pragma string) int64 {
+	t.Helper()
+	var v int64
+	if err := q.QueryRowContext(context.Background(), "PRAGMA "+pragma).Scan(&v); err != nil {
+		t.Fatalf("PRAGMA %s: %v", pragma, err)
+	}
+	return v
+}
+
+func TestOpenCreatesAPrivateFile(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	if got, want := db.Path, filepath.Join(dir, "tracking", "event_journal.db"); got != want {
+		t.Fatalf("Path = %q, want %q", got, want)
+	}
+	if got, want := sqlitefs.Path(dir), db.Path; got != want {
+		t.Fatalf("sqlitefs.Path = %q, want %q", got, want)
+	}
+	for path, want := range map[string]os.FileMode{
+		db.Path:               0o600,
+		db.Path + "-wal":      0o600,
+		filepath.Dir(db.Path): 0o700 | os.ModeDir,
+	} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatalf("stat: %v", err)
+		}
+		if got := fi.Mode() & (os.ModePerm | os.ModeDir); got != want {
+			t.Fatalf("%s mode = %v, want %v", path, got, want)
+		}
+	}
+}
+
+func TestTheDefaultStorageDirectory(t *testing.T) {
+	if got, want := sqlitefs.Path(""), filepath.Join("mindroom_data", "tracking", "event_journal.db"); got != want {
+		t.Fatalf("Path(\"\") = %q, want %q", got, want)
+	}
+}
+
+func TestTheWriterConnectionIsDurable(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	var mode string
+	if err := db.Writer.QueryRowContext(context.Background(), "PRAGMA journal_mode").Scan(&mode); err != nil {
+		t.Fatalf("PRAGMA journal_mode: %v", err)
+	}
+	if mode != "wal" {
+		t.Fatalf("journal_mode = %q, want wal", mode)
+	}
+	for pragma, want := range map[string]int64{
+		"synchronous":  2, // FULL
+		"foreign_keys": 1,
+		"busy_timeout": 10000,
+		"query_only":   0,
+		"page_size":    2048,
+	} {
+		if got := pragmaInt(t, db.Writer, pragma); got != want {
+			t.Fatalf("writer %s = %d, want %d", pragma, got, want)
+		}
+	}
+	if got, want := db.Writer.Stats().MaxOpenConnections, 1; got != want {
+		t.Fatalf("writer pool allows %d connections, want %d", got, want)
+	}
+}
+
+func TestEveryReaderConnectionIsReadOnly(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t, t.TempDir())
+	// Hold every pooled connection at once so each one is checked, not
+	// just whichever the pool hands out first.
+	conns := make([]*sql.Conn, sqlitefs.DefaultReaders)
+	for i := range conns {
+		c, err := db.Readers.Conn(ctx)
+		if err != nil {
+			t.Fatalf("reader connection %d: %v", i, err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	for i, c := range conns {
+		for pragma, want := range map[string]int64{
+			"query_only":   1,
+			"synchronous":  1, // NORMAL
+			"busy_timeout": 10000,
+		} {
+			if got := pragmaInt(t, c, pragma); got != want {
+				t.Fatalf("reader %d %s = %d, want %d", i, pragma, got, want)
+			}
+		}
+		_, err := c.ExecContext(ctx, `INSERT INTO store_meta (key, value) VALUES ('intruder', 'x')`)
+		var se sqlite3.Error
+		if !errors.As(err, &se) || se.Code != sqlite3.ErrReadonly {
+			t.Fatalf("reader %d write error = %v, want SQLITE_READONLY", i, err)
+		}
+	}
+	var n int
+	if err := db.Writer.QueryRowContext(ctx, `SELECT count(*) FROM store_meta WHERE key = 'intruder'`).Scan(&n); err != nil {
+		t.Fatalf("count: %v", err)
+	}
+	if n != 0 {
+		t.Fatalf("a reader's write landed")
+	}
+}
+
+func TestTheFileIsStampedAsAJournal(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	if got, want := pragmaInt(t, db.Writer, "application_id"), int64(sqlitefs.ApplicationID); got != want {
+		t.Fatalf("application_id = %#x, want %#x", got, want)
+	}
+	if got, want := pragmaInt(t, db.Writer, "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
+		t.Fatalf("user_version = %d, want %d", got, want)
+	}
+	if sqlitefs.SchemaVersion() < 1 {
+		t.Fatalf("SchemaVersion = %d, want at least 1", sqlitefs.SchemaVersion())
+	}
+}
+
+func TestANewerDatabaseIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	if err := db.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	newer := sqlitefs.SchemaVersion() + 1
+	raw := rawDB(t, sqlitefs.Path(dir))
+	if _, err := raw.Exec("PRAGMA user_version = " + strconv.Itoa(newer)); err != nil {
+		t.Fatalf("set user_version: %v", err)
+	}
+	if err := raw.Close(); err != nil {
+		t.Fatalf("close raw: %v", err)
+	}
+
+	db2, err := sqlitefs.Open(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err == nil {
+		db2.Close()
+		t.Fatalf("Open accepted a database at schema version %d", newer)
+	}
+	var ne *sqlitefs.NewerDatabaseError
+	if !errors.As(err, &ne) {
+		t.Fatalf("error = %v, want a *NewerDatabaseError", err)
+	}
+	if ne.Version != newer || ne.Known != sqlitefs.SchemaVersion() {
+		t.Fatalf("NewerDatabaseError = %+v, want version %d known %d", ne, newer, sqlitefs.SchemaVersion())
+	}
+}
+
+func TestAForeignDatabaseIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup string
+	}{
+		{"AnotherApplicationsTables", `CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)`},
+		{"AnotherApplicationID", `PRAGMA application_id = 1234`},
+		{"AnotherApplicationIDWithTables", `PRAGMA application_id = 1234; CREATE TABLE store_meta (key TEXT)`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := sqlitefs.Path(dir)
+			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+				t.Fatalf("mkdir: %v", err)
+			}
+			raw := rawDB(t, path)
+			if _, err := raw.Exec(c.setup); err != nil {
+				t.Fatalf("setup: %v", err)
+			}
+			before := schemaOf(t, raw)
+
+			db, err := sqlitefs.Open(context.Background(), sqlitefs.Options{StorageDir: dir})
+			if err == nil {
+				db.Close()
+				t.Fatalf("Open adopted a foreign database")
+			}
+			if !errors.Is(err, sqlitefs.ErrForeignDatabase) {
+				t.Fatalf("error = %v, want ErrForeignDatabase", err)
+			}
+			// Refusing must leave the other program's file as it was.
+			if after := schemaOf(t, raw); after != before {
+				t.Fatalf("schema changed from %q to %q", before, after)
+			}
+		})
+	}
+}
+
+// schemaOf summarises a file's identity and tables.
+func schemaOf(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	rows, err := db.Query(`SELECT name FROM sqlite_schema ORDER BY name`)
+	if err != nil {
+		t.Fatalf("read schema: %v", err)
+	}
+	defer rows.Close()
+	out := "app=" + strconv.Itoa(int(pragmaInt(t, db, "application_id"))) + " version=" + strconv.Itoa(int(pragmaInt(t, db, "user_version")))
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatalf("scan: %v", err)
+		}
+		out += " " + name
+	}
+	return out
+}
+
+func TestReopeningKeepsTheJournal(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	gen, err := db.Generation(ctx)
+	if err != nil {
+		t.Fatalf("Generation: %v", err)
+	}
+
+	tx, err := db.Writer.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	wtx := db.WrapTx(tx, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	p, err := sqlitefs.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+	if err != nil {
+		t.Fatalf("RegisterPrincipal: %v", err)
+	}
+	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"kept"}}`)
+	res, _, err := sqlitefs.AdmitBatch(wtx, p, []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}, "s_1")
+	if err != nil || len(res) != 1 || res[0].Outcome != journal.Admitted {
+		t.Fatalf("AdmitBatch = %+v, %v; want one admitted event", res, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	db = openDB(t, dir)
+	if got, err := db.Generation(ctx); err != nil || got != gen {
+		t.Fatalf("generation after reopen = %q, %v; want %q", got, err, gen)
+	}
+	if got, want := pragmaInt(t, db.Writer, "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
+		t.Fatalf("user_version after reopen = %d, want %d", got, want)
+	}
+	found, ok, err := db.LookupPrincipal(ctx, p.Principal)
+	if err != nil || !ok || found.ID != p.ID {
+		t.Fatalf("LookupPrincipal = %+v, %v, %v; want id %d", found, ok, err, p.ID)
+	}
+	if tok, err := db.SyncToken(ctx, found); err != nil || tok != "s_1" {
+		t.Fatalf("SyncToken = %q, %v; want s_1", tok, err)
+	}
+	page, err := db.Pending(ctx, found, 10, 0)
+	if err != nil {
+		t.Fatalf("Pending: %v", err)
+	}
+	if len(page.Events) != 1 || page.Events[0].EventID != "$m1" {
+		t.Fatalf("pending after reopen = %+v, want $m1", page.Events)
+	}
+}

@@ -1,0 +1,123 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/mindroomd/mindroomd/contract"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/testsupport"
+)
+
+// sqliteBackend is one journal directory on a real on-disk SQLite file.
+type sqliteBackend struct{ dir string }
+
+func sqliteFactory(tb testing.TB) contract.Backend { return &sqliteBackend{dir: tb.TempDir()} }
+
+// Open implements contract.Backend.
+func (b *sqliteBackend) Open(tb testing.TB) journal.Store {
+	tb.Helper()
+	return testsupport.MustOpenAt(tb, b.dir)
+}
+
+// corruptPayload is the write a foreign process would do: bound values
+// only, through its own connection, while the store stays open.
+const corruptPayload = `UPDATE journal_events SET payload = ?
+	WHERE principal = (SELECT id FROM principals WHERE agent = ? AND user_id = ?) AND event_id = ?`
+
+// CorruptPayload implements contract.Backend.
+func (b *sqliteBackend) CorruptPayload(tb testing.TB, p journal.Principal, eventID string) {
+	tb.Helper()
+	db := openRaw(tb, b.dir)
+	res, err := db.ExecContext(context.Background(), corruptPayload, "\x00{not json", p.Agent, p.UserID, eventID)
+	if err != nil {
+		tb.Fatalf("corrupt payload of %s: %v", eventID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		tb.Fatalf("corrupt payload of %s changed %d rows (%v), want 1", eventID, n, err)
+	}
+}
+
+// openRaw opens the journal file with the plain driver, outside the store.
+func openRaw(tb testing.TB, dir string) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("sqlite3", sqlitefs.Path(dir)+"?_busy_timeout=10000")
+	if err != nil {
+		tb.Fatalf("open raw journal: %v", err)
+	}
+	tb.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func TestContract(t *testing.T) { contract.Run(t, sqliteFactory) }
+
+// TestSettledRowsKeepNoPayloadOnDisk checks what the contract cannot see
+// through the interface: context-only and settled rows keep their identity
+// and nothing else, so the journal never turns into a raw-event cache.
+func TestSettledRowsKeepNoPayloadOnDisk(t *testing.T) {
+	ctx := context.Background()
+	s, dir := testsupport.MustOpen(t)
+	v, err := s.Principal(ctx, "helper", "@bot:example.org")
+	if err != nil {
+		t.Fatalf("Principal: %v", err)
+	}
+	live := testsupport.Live("!room:example.org",
+		testsupport.Message("$pending", "@alice:example.org", 1000, "still owed"),
+		testsupport.Message("$settled", "@alice:example.org", 1001, "answered"),
+		testsupport.Notice("$notice", "@alice:example.org", 1002, "fyi"),
+		testsupport.Message("$echo", "@bot:example.org", 1003, "mine"),
+		testsupport.Message("$redacted", "@alice:example.org", 1004, "oops"),
+		testsupport.Redaction("$x", "@alice:example.org", 1005, "$redacted"),
+	)
+	history := testsupport.In("!room:example.org", journal.History, testsupport.Message("$old", "@alice:example.org", 500, "old"))
+	for _, in := range [][]journal.Inbound{live, history} {
+		if _, err := v.AdmitBatch(ctx, in, ""); err != nil {
+			t.Fatalf("AdmitBatch: %v", err)
+		}
+	}
+	if n, err := v.Settle(ctx, "$settled"); err != nil || n != 1 {
+		t.Fatalf("Settle = %d, %v; want 1", n, err)
+	}
+
+	rows, err := openRaw(t, dir).QueryContext(ctx, `SELECT event_id, state, payload <> '' FROM journal_events ORDER BY seq`)
+	if err != nil {
+		t.Fatalf("query journal: %v", err)
+	}
+	defer rows.Close()
+	got := map[string][2]int{}
+	for rows.Next() {
+		var (
+			id          string
+			state       int
+			payloadKept bool
+		)
+		if err := rows.Scan(&id, &state, &payloadKept); err != nil {
+			t.Fatalf("scan: %v", err)
+		}
+		kept := 0
+		if payloadKept {
+			kept = 1
+		}
+		got[id] = [2]int{state, kept}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("rows: %v", err)
+	}
+	// state 0 is pending, 1 settled; only pending rows keep a payload.
+	want := map[string][2]int{
+		"$pending": {0, 1}, "$settled": {1, 0}, "$notice": {1, 0}, "$echo": {1, 0},
+		"$redacted": {1, 0}, "$x": {0, 1}, "$old": {1, 0},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("journal rows = %v, want %v", got, want)
+	}
+	for id, w := range want {
+		if got[id] != w {
+			t.Fatalf("%s: (state, payload kept) = %v, want %v", id, got[id], w)
+		}
+	}
+}
