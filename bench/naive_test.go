@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/mattn/go-sqlite3"
@@ -133,11 +134,6 @@ const (
 	naiveUpdateToken = `UPDATE principals SET sync_token = ? WHERE id = ?`
 )
 
-var naiveStatements = []string{
-	naiveSelectEpoch, naiveSelectThread, naiveInsertEvent, naiveSelectTombstone, naiveSelectHeld,
-	naiveDeleteHeld, naiveUpsertHeld, naiveInsertVisible, naiveSelectVisible, naiveUpdateVisible, naiveUpdateToken,
-}
-
 // naiveFixture returns the cached naive-schema file holding spec's
 // messages: the same messages, IDs and bodies as the store fixture.
 func naiveFixture(tb testing.TB, spec fixtureSpec) string {
@@ -235,14 +231,6 @@ func openNaive(ctx context.Context, path string, principals int) (_ *naiveStore,
 			n.closeDB()
 		}
 	}()
-	// Prepared while the only connection is free, as sqlitefs does.
-	for _, q := range naiveStatements {
-		st, err := n.db.PrepareContext(ctx, q)
-		if err != nil {
-			return nil, fmt.Errorf("prepare %q: %w", q, err)
-		}
-		n.stmts[q] = st
-	}
 	for p := 0; p < principals; p++ {
 		n.users = append(n.users, agentUser(p))
 	}
@@ -272,11 +260,13 @@ func (n *naiveStore) close() {
 // admit implements admitter: one event, one command, one reply after the
 // group commit that carried it.
 func (n *naiveStore) admit(ctx context.Context, e planned) error {
+	// Parsed in the caller's goroutine, as the store does.
+	parsed := sqlitefs.Parse([]journal.Inbound{e.in}, time.Now())[0]
 	res, err := writer.Request(ctx, n.system.Root, n.pid, &writer.Execute{
 		Name: "naive_admit",
 		Size: len(e.in.Event) + len(e.token),
 		Run: func(tx *writer.Tx) (any, error) {
-			return n.admitTx(tx, e.principal, e.in, e.token)
+			return n.admitTx(tx, e.principal, parsed, e.token)
 		},
 	}, n.done)
 	if err != nil {
@@ -290,10 +280,21 @@ func (n *naiveStore) admit(ctx context.Context, e planned) error {
 
 // admitTx is the naive layout's AdmitBatch for one event: the same
 // reads and writes sqlitefs does, against the naive tables.
-func (n *naiveStore) admitTx(tx *writer.Tx, principal int, in journal.Inbound, token string) (bool, error) {
-	st := func(q string) *sql.Stmt { return tx.Stmt(n.stmts[q]) }
+func (n *naiveStore) admitTx(tx *writer.Tx, principal int, in sqlitefs.Parsed, token string) (bool, error) {
+	// Prepared once on the writer's connection, as sqlitefs does.
+	st := func(q string) *sql.Stmt {
+		if s, ok := n.stmts[q]; ok {
+			return s
+		}
+		s, err := tx.Conn().PrepareContext(context.Background(), q)
+		if err != nil {
+			panic(fmt.Sprintf("prepare %q: %v", q, err))
+		}
+		n.stmts[q] = s
+		return s
+	}
 	pid, self := int64(principal+1), n.users[principal]
-	ev, err := journal.ParseEvent(in, tx.Now)
+	ev, err := in.Event, in.Err
 	if err != nil {
 		return false, err
 	}

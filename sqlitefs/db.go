@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -45,16 +46,19 @@ const DefaultReaders = 4
 
 // Connection pragmas. Values are fixed fragments, never caller input.
 const (
-	pragmaPageSize      = `PRAGMA page_size = 2048`
-	pragmaJournalWAL    = `PRAGMA journal_mode = WAL`
-	pragmaSyncFull      = `PRAGMA synchronous = FULL`
-	pragmaSyncNormal    = `PRAGMA synchronous = NORMAL`
-	pragmaForeignKeys   = `PRAGMA foreign_keys = ON`
-	pragmaBusyTimeout   = `PRAGMA busy_timeout = 10000`
-	pragmaQueryOnly     = `PRAGMA query_only = ON`
-	pragmaAutocheckpt   = `PRAGMA wal_autocheckpoint = 16000`
-	pragmaCacheSize     = `PRAGMA cache_size = -65536`
-	pragmaTempMemory    = `PRAGMA temp_store = MEMORY`
+	pragmaPageSize    = `PRAGMA page_size = 1024`
+	pragmaJournalWAL  = `PRAGMA journal_mode = WAL`
+	pragmaSyncFull    = `PRAGMA synchronous = FULL`
+	pragmaSyncNormal  = `PRAGMA synchronous = NORMAL`
+	pragmaForeignKeys = `PRAGMA foreign_keys = ON`
+	pragmaBusyTimeout = `PRAGMA busy_timeout = 10000`
+	pragmaQueryOnly   = `PRAGMA query_only = ON`
+	pragmaAutocheckpt = `PRAGMA wal_autocheckpoint = 0`
+	pragmaCacheSize   = `PRAGMA cache_size = -262144`
+	pragmaTempMemory  = `PRAGMA temp_store = MEMORY`
+	// Reading pages through a memory map skips a pread syscall per page,
+	// which dominates B-tree descents into a cold cache.
+	pragmaMmapSize      = `PRAGMA mmap_size = 1073741824`
 	walRetryAttempts    = 50
 	walRetryBackoffBase = 20 * time.Millisecond
 )
@@ -75,7 +79,7 @@ func connectWriter(c *sqlite3.SQLiteConn) error {
 	if err := enableWAL(c); err != nil {
 		return err
 	}
-	for _, p := range []string{pragmaSyncFull, pragmaForeignKeys, pragmaAutocheckpt, pragmaCacheSize, pragmaTempMemory} {
+	for _, p := range []string{pragmaSyncFull, pragmaForeignKeys, pragmaAutocheckpt, pragmaCacheSize, pragmaTempMemory, pragmaMmapSize} {
 		if _, err := c.Exec(p, nil); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -84,7 +88,7 @@ func connectWriter(c *sqlite3.SQLiteConn) error {
 }
 
 func connectReader(c *sqlite3.SQLiteConn) error {
-	for _, p := range []string{pragmaBusyTimeout, pragmaSyncNormal, pragmaQueryOnly, pragmaCacheSize, pragmaTempMemory} {
+	for _, p := range []string{pragmaBusyTimeout, pragmaSyncNormal, pragmaQueryOnly, pragmaCacheSize, pragmaTempMemory, pragmaMmapSize} {
 		if _, err := c.Exec(p, nil); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -155,12 +159,18 @@ type DB struct {
 	Writer *sql.DB
 	// Readers is the query_only pool.
 	Readers *sql.DB
+	// checkpointer is the connection that copies the WAL back into the
+	// file, off the writer's commit path.
+	checkpointer *sql.DB
 
 	// budget is the template each page's budget starts from.
 	budget journal.PageBudget
 
-	// stmts is written only during Open and read-only afterwards.
-	stmts map[string]*sql.Stmt
+	// stmts are the writer's statements, prepared on stmtConn, its
+	// connection.
+	stmtMu   sync.Mutex
+	stmtConn *sql.Conn
+	stmts    map[string]*sql.Stmt
 }
 
 // Path returns the journal file path under a storage directory.
@@ -211,9 +221,6 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := mintGeneration(ctx, db.Writer); err != nil {
 		return nil, err
 	}
-	if err := db.prepareWriterStatements(ctx); err != nil {
-		return nil, err
-	}
 
 	n := opts.Readers
 	if n <= 0 {
@@ -222,6 +229,10 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if db.Readers, err = sql.Open(readerDriver, dsn(path, false)); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
 	}
+	if db.checkpointer, err = sql.Open(writerDriver, dsn(path, false)); err != nil {
+		return nil, fmt.Errorf("open checkpointer: %w", err)
+	}
+	db.checkpointer.SetMaxOpenConns(1)
 	db.Readers.SetMaxOpenConns(n)
 	db.Readers.SetMaxIdleConns(n)
 	if err := db.Readers.PingContext(ctx); err != nil {
@@ -241,12 +252,15 @@ func dsn(path string, writer bool) string {
 // Close closes both pools. The writer actor must have stopped first.
 func (db *DB) Close() error {
 	var err error
+	db.stmtMu.Lock()
 	for _, s := range db.stmts {
 		if e := s.Close(); e != nil && err == nil {
 			err = e
 		}
 	}
-	for _, p := range []*sql.DB{db.Readers, db.Writer} {
+	db.stmts = nil
+	db.stmtMu.Unlock()
+	for _, p := range []*sql.DB{db.Readers, db.checkpointer, db.Writer} {
 		if p == nil {
 			continue
 		}
@@ -255,26 +269,4 @@ func (db *DB) Close() error {
 		}
 	}
 	return err
-}
-
-// writerStatements are the write-path statements prepared once at open,
-// while the writer's only connection is still free: preparing later, from
-// inside the writer's transaction, would wait for that same connection.
-var writerStatements = []string{
-	insertJournalEvent, selectRoomEpoch, selectThreadOf, insertRejected, settleEvent, settleEventInRoom,
-	updateSyncToken, insertPrincipal,
-	selectTombstone, insertTombstone, selectVisibleByEvent, insertVisible, updateVisibleRevision,
-	deleteVisible, clearVisibleOnEdit, selectHeldEdit, upsertHeldEdit, deleteHeldEdits, clearHeldEdit,
-	selectJournalEdit,
-}
-
-func (db *DB) prepareWriterStatements(ctx context.Context) error {
-	for _, q := range writerStatements {
-		st, err := db.Writer.PrepareContext(ctx, q)
-		if err != nil {
-			return fmt.Errorf("prepare %q: %w", q, err)
-		}
-		db.stmts[q] = st
-	}
-	return nil
 }

@@ -94,7 +94,7 @@ func TestTheWriterConnectionIsDurable(t *testing.T) {
 		"foreign_keys": 1,
 		"busy_timeout": 10000,
 		"query_only":   0,
-		"page_size":    2048,
+		"page_size":    1024,
 	} {
 		if got := pragmaInt(t, db.Writer, pragma); got != want {
 			t.Fatalf("writer %s = %d, want %d", pragma, got, want)
@@ -251,22 +251,29 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 		t.Fatalf("Generation: %v", err)
 	}
 
-	tx, err := db.Writer.BeginTx(ctx, nil)
+	conn, err := db.Writer.Conn(ctx)
 	if err != nil {
+		t.Fatalf("conn: %v", err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		t.Fatalf("begin: %v", err)
 	}
-	wtx := db.WrapTx(tx, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	wtx := db.WrapTx(conn, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
 	p, err := sqlitefs.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 	if err != nil {
 		t.Fatalf("RegisterPrincipal: %v", err)
 	}
 	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"kept"}}`)
-	res, _, err := sqlitefs.AdmitBatch(wtx, p, []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}, "s_1")
+	in := []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}
+	res, _, err := sqlitefs.AdmitBatch(wtx, p, sqlitefs.Parse(in, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)), "s_1")
 	if err != nil || len(res) != 1 || res[0].Outcome != journal.Admitted {
 		t.Fatalf("AdmitBatch = %+v, %v; want one admitted event", res, err)
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
 		t.Fatalf("commit: %v", err)
+	}
+	if err := conn.Close(); err != nil {
+		t.Fatalf("release conn: %v", err)
 	}
 	if err := db.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
@@ -25,8 +26,7 @@ const (
 	insertJournalEvent = `INSERT INTO journal_events
 		(principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, payload, epoch, received_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (principal, event_id) DO NOTHING
-		RETURNING seq`
+		ON CONFLICT (principal, event_id) DO NOTHING`
 	selectRoomEpoch = `SELECT epoch FROM room_memberships WHERE principal = ? AND room_id = ?`
 	selectThreadOf  = `SELECT thread_id FROM journal_events WHERE principal = ? AND event_id = ? AND room_id = ?`
 	insertRejected  = `INSERT INTO rejected_events
@@ -44,25 +44,44 @@ const (
 		WHERE principal = ? AND event_id = ? AND room_id = ?`
 )
 
-// AdmitBatch journals one sync batch for p: each event is inserted or
-// recognised as a duplicate, projected, and the sync token stored, all inside
-// tx. Malformed events are recorded in rejected_events and skipped. It
-// returns one result per event and the hints to publish after commit.
-func AdmitBatch(tx *Tx, p Principal, events []journal.Inbound, nextBatch string) ([]journal.AdmitResult, []hint.Hint, error) {
+// Parsed is one inbound event after validation, which needs no database and
+// so runs in the caller's goroutine, off the writer's single thread.
+type Parsed struct {
+	In    journal.Inbound
+	Event *journal.Event // nil when Err is set
+	Err   error
+}
+
+// Parse validates a batch against the clock's now.
+func Parse(events []journal.Inbound, now time.Time) []Parsed {
+	out := make([]Parsed, len(events))
+	for i, in := range events {
+		ev, err := journal.ParseEvent(in, now)
+		out[i] = Parsed{In: in, Event: ev, Err: err}
+	}
+	return out
+}
+
+// AdmitBatch journals one parsed sync batch for p: each event is inserted or
+// recognised as a duplicate, projected, and the sync token stored, all
+// inside tx. Malformed events are recorded in rejected_events and skipped.
+// It returns one result per event and the hints to publish after commit.
+func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journal.AdmitResult, []hint.Hint, error) {
 	results := make([]journal.AdmitResult, len(events))
 	epochs := make(map[string]int64)
 	newest := make(map[string]int64)
-	for i, in := range events {
-		ev, err := journal.ParseEvent(in, tx.now)
-		if err != nil {
-			results[i] = journal.AdmitResult{EventID: peekEventID(in.Event), Outcome: journal.Rejected, Err: err}
-			if err := recordRejected(tx, p, in, results[i].EventID, err); err != nil {
+	for i, pe := range events {
+		ev := pe.Event
+		if pe.Err != nil {
+			results[i] = journal.AdmitResult{EventID: peekEventID(pe.In.Event), Outcome: journal.Rejected, Err: pe.Err}
+			if err := recordRejected(tx, p, pe.In, results[i].EventID, pe.Err); err != nil {
 				return nil, nil, err
 			}
 			continue
 		}
 		epoch, ok := epochs[ev.RoomID]
 		if !ok {
+			var err error
 			if epoch, err = roomEpoch(tx, p, ev.RoomID); err != nil {
 				return nil, nil, err
 			}
@@ -110,12 +129,17 @@ func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, ep
 			return 0, false, err
 		}
 	}
-	err = tx.queryRow(insertJournalEvent, p.ID, ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
-		int(class), int(ev.Provenance), state, payload, epoch, tx.nowMS()).Scan(&seq)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
-	}
+	// Exec rather than RETURNING: a query in a transaction costs
+	// database/sql a goroutine, an insert does not.
+	r, err := tx.exec(insertJournalEvent, p.ID, ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
+		int(class), int(ev.Provenance), state, payload, epoch, tx.nowMS())
 	if err != nil {
+		return 0, false, err
+	}
+	if n, err := r.RowsAffected(); err != nil || n == 0 {
+		return 0, false, err // already admitted
+	}
+	if seq, err = r.LastInsertId(); err != nil {
 		return 0, false, err
 	}
 	ev.Thread = thread

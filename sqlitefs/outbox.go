@@ -302,7 +302,7 @@ func projectDelivered(tx *Tx, p Principal, d journal.Delivery, eventID string) e
 	if err != nil {
 		return fmt.Errorf("project delivered: %w", err)
 	}
-	_, _, err = AdmitBatch(tx, p, []journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, "")
+	_, _, err = AdmitBatch(tx, p, Parse([]journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, tx.now), "")
 	return err
 }
 

@@ -1,49 +1,63 @@
 package sqlitefs
 
 import (
+	"context"
 	"database/sql"
+	"fmt"
 	"time"
 )
 
 // Tx is a write transaction as the commands in this package see it: the
-// writer's transaction, the batch time, and the writer's cache of prepared
-// statements so hot commands do not re-parse their SQL on every call.
+// writer's connection with its batch transaction open, the batch time, and
+// the statements prepared on that connection.
 type Tx struct {
-	tx  *sql.Tx
-	db  *DB
-	now time.Time
+	conn *sql.Conn
+	db   *DB
+	now  time.Time
 }
 
-// WrapTx adapts a transaction begun on db.Writer.
-func (db *DB) WrapTx(tx *sql.Tx, now time.Time) *Tx { return &Tx{tx: tx, db: db, now: now} }
+// WrapTx adapts the writer's connection, inside its batch transaction.
+func (db *DB) WrapTx(conn *sql.Conn, now time.Time) *Tx { return &Tx{conn: conn, db: db, now: now} }
 
-// stmt binds the statement prepared at open to this transaction, or
-// returns nil for a query that was not prepared (it then runs unprepared).
-func (t *Tx) stmt(query string) *sql.Stmt {
-	if s, ok := t.db.stmts[query]; ok {
-		return t.tx.Stmt(s)
+// stmt returns the statement for a constant query prepared on the writer's
+// connection, preparing it on first use. Statements live as long as the
+// connection, so each is parsed once per process, not once per call.
+func (t *Tx) stmt(query string) (*sql.Stmt, error) {
+	t.db.stmtMu.Lock()
+	defer t.db.stmtMu.Unlock()
+	if t.db.stmtConn != t.conn {
+		for _, s := range t.db.stmts {
+			_ = s.Close()
+		}
+		t.db.stmts, t.db.stmtConn = make(map[string]*sql.Stmt), t.conn
 	}
-	return nil
+	if s, ok := t.db.stmts[query]; ok {
+		return s, nil
+	}
+	s, err := t.conn.PrepareContext(context.Background(), query)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %q: %w", query, err)
+	}
+	t.db.stmts[query] = s
+	return s, nil
 }
 
 func (t *Tx) exec(query string, args ...any) (sql.Result, error) {
-	var (
-		r   sql.Result
-		err error
-	)
-	if s := t.stmt(query); s != nil {
-		r, err = s.Exec(args...)
-	} else {
-		r, err = t.tx.Exec(query, args...)
+	s, err := t.stmt(query)
+	if err != nil {
+		return nil, err
 	}
+	r, err := s.Exec(args...)
 	return r, mapErr(err)
 }
 
+// queryRow runs a one-row query; a prepare failure surfaces from Scan.
 func (t *Tx) queryRow(query string, args ...any) *sql.Row {
-	if s := t.stmt(query); s != nil {
-		return s.QueryRow(args...)
+	s, err := t.stmt(query)
+	if err != nil {
+		return t.conn.QueryRowContext(context.Background(), query, args...)
 	}
-	return t.tx.QueryRow(query, args...)
+	return s.QueryRow(args...)
 }
 
 // nowMS is the batch time in integer milliseconds, the stored form.

@@ -50,6 +50,9 @@ type Options struct {
 	MaxBatchBytes int
 	// Readers is the reader pool size (default sqlitefs.DefaultReaders).
 	Readers int
+	// CheckpointInterval spaces WAL checkpoints while commits keep coming
+	// (default sqlitefs.DefaultCheckpointInterval).
+	CheckpointInterval time.Duration
 	// PageBudget bounds one conversation page's memory (default 16 MiB
 	// stored, 64 MiB estimated decoded).
 	PageBudget journal.PageBudget
@@ -62,7 +65,12 @@ type Store struct {
 	writer *actor.PID
 	hints  *hint.Bus
 	log    zerolog.Logger
+	now    func() time.Time
 	sem    chan struct{}
+
+	commits    chan struct{} // signalled after each commit, for the checkpointer
+	stopChecks context.CancelFunc
+	checksDone chan struct{}
 
 	done      chan struct{} // closed when the writer has stopped
 	fatalMu   sync.Mutex
@@ -90,8 +98,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		system: opts.System,
 		hints:  opts.Hints,
 		log:    opts.Log,
+		now:    opts.Now,
 		sem:    make(chan struct{}, opts.MaxOutstanding),
 		done:   make(chan struct{}),
+
+		commits:    make(chan struct{}, 1),
+		checksDone: make(chan struct{}),
 	}
 	if s.system == nil {
 		s.system = actors.NewSystem(opts.Log)
@@ -106,11 +118,27 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		Publish:       s.hints.Publish,
 		IsFatal:       sqlitefs.IsFatal,
 		OnStopped:     s.writerStopped,
+		Committed:     s.committed,
 		MaxBatch:      opts.MaxBatch,
 		MaxBatchBytes: opts.MaxBatchBytes,
 	})
 	s.writer = s.system.Root.Spawn(props)
+	var checkCtx context.Context
+	checkCtx, s.stopChecks = context.WithCancel(context.Background())
+	go func() {
+		defer close(s.checksDone)
+		db.RunCheckpoints(checkCtx, s.commits, opts.CheckpointInterval, func(err error) {
+			s.log.Warn().Err(err).Msg("Checkpoint failed; the WAL grows until one succeeds")
+		})
+	}()
 	return s, nil
+}
+
+func (s *Store) committed(int) {
+	select {
+	case s.commits <- struct{}{}:
+	default: // a checkpoint is already due
+	}
 }
 
 func (s *Store) writerStopped(err error) {
@@ -145,6 +173,14 @@ func (s *Store) Close() error {
 		// commit first; the writer's stop flushes whatever batch is open.
 		s.system.Root.Poison(s.writer)
 		<-s.done
+		s.stopChecks()
+		<-s.checksDone
+		if s.Fatal() == nil {
+			// Leave the file whole and the WAL empty for the next open.
+			if _, err := s.db.TruncateWAL(context.Background()); err != nil {
+				s.log.Warn().Err(err).Msg("Final checkpoint failed")
+			}
+		}
 		s.closeErr = s.db.Close()
 		if f := s.Fatal(); f != nil && s.closeErr == nil {
 			s.closeErr = f
@@ -177,8 +213,16 @@ func (s *Store) stoppedErr() error {
 	return journal.ErrClosed
 }
 
-// tx adapts the writer's transaction for sqlitefs commands.
-func (s *Store) tx(t *writer.Tx) *sqlitefs.Tx { return s.db.WrapTx(t.Tx, t.Now) }
+// tx adapts the writer's transaction for sqlitefs commands, once per
+// transaction so its commands share the statements bound to it.
+func (s *Store) tx(t *writer.Tx) *sqlitefs.Tx {
+	if tx, ok := t.Local.(*sqlitefs.Tx); ok {
+		return tx
+	}
+	tx := s.db.WrapTx(t.Conn(), t.Now)
+	t.Local = tx
+	return tx
+}
 
 // Generation identifies this database.
 func (s *Store) Generation(ctx context.Context) (string, error) { return s.db.Generation(ctx) }

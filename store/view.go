@@ -29,8 +29,9 @@ func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBat
 	for _, e := range events {
 		size += len(e.Event)
 	}
+	parsed := sqlitefs.Parse(events, v.s.now())
 	res, err := v.s.exec(ctx, "admit_batch", size, func(t *writer.Tx) (any, error) {
-		results, hints, err := sqlitefs.AdmitBatch(v.s.tx(t), v.p, events, nextBatch)
+		results, hints, err := sqlitefs.AdmitBatch(v.s.tx(t), v.p, parsed, nextBatch)
 		if err != nil {
 			return nil, err
 		}

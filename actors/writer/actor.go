@@ -55,6 +55,9 @@ type Deps struct {
 	Log zerolog.Logger
 	// Publish receives the hints of each committed batch; may be nil.
 	Publish func([]hint.Hint)
+	// Committed, when set, is called after every commit with the number of
+	// commands it held (a checkpointer and metrics listen here).
+	Committed func(commands int)
 	// IsFatal reports storage errors that poison the transaction (disk full,
 	// I/O error, corruption). Such an error stops the writer.
 	IsFatal func(error) bool
@@ -106,6 +109,7 @@ type writerActor struct {
 	bytes       int
 	flushQueued bool
 	failed      error
+	conn        *sql.Conn // the single read-write connection, held for life
 }
 
 // Receive implements actor.Actor.
@@ -141,6 +145,9 @@ func (a *writerActor) Receive(ctx actor.Context) {
 		// An orderly stop drains what was queued with one final commit.
 		a.flush(ctx)
 	case *actor.Stopped:
+		if a.conn != nil {
+			_ = a.conn.Close() // back to its pool, which its owner closes
+		}
 		if a.deps.OnStopped != nil {
 			a.deps.OnStopped(a.failed)
 		}
@@ -184,13 +191,33 @@ func (a *writerActor) flush(ctx actor.Context) {
 	if len(hints) > 0 && a.deps.Publish != nil {
 		a.deps.Publish(hints)
 	}
+	if a.deps.Committed != nil {
+		a.deps.Committed(len(batch))
+	}
 }
+
+// Transaction control, issued on the writer's own connection.
+const (
+	beginImmediate = `BEGIN IMMEDIATE`
+	commit         = `COMMIT`
+	rollback       = `ROLLBACK`
+)
 
 // run executes one batch in one transaction. A returned error is fatal: the
 // transaction was rolled back and no command of the batch took effect.
+//
+// The writer drives BEGIN and COMMIT itself on a connection it holds for its
+// whole life rather than through *sql.Tx: database/sql starts a goroutine
+// for every query inside an *sql.Tx, and admission runs several queries per
+// event.
 func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hint, err error) {
-	sqlTx, err := a.deps.DB.Begin()
-	if err != nil {
+	bg := context.Background()
+	if a.conn == nil {
+		if a.conn, err = a.deps.DB.Conn(bg); err != nil {
+			return nil, nil, fmt.Errorf("connect: %w", err)
+		}
+	}
+	if _, err := a.conn.ExecContext(bg, beginImmediate); err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer func() {
@@ -198,10 +225,10 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 			err = fmt.Errorf("panic in batch: %v", r)
 		}
 		if err != nil {
-			_ = sqlTx.Rollback()
+			_, _ = a.conn.ExecContext(bg, rollback)
 		}
 	}()
-	tx := &Tx{Tx: sqlTx, Now: a.deps.Now()}
+	tx := &Tx{conn: a.conn, Now: a.deps.Now()}
 	replies = make([]*Executed, len(batch))
 	for i, q := range batch {
 		if q.cmd.Ctx != nil && q.cmd.Ctx.Err() != nil {
@@ -214,7 +241,7 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 		}
 		replies[i] = reply
 	}
-	if err := sqlTx.Commit(); err != nil {
+	if _, err := a.conn.ExecContext(bg, commit); err != nil {
 		return nil, nil, fmt.Errorf("commit: %w", err)
 	}
 	return replies, tx.hints, nil

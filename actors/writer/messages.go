@@ -12,13 +12,36 @@ import (
 // savepoint: if it returns an ordinary error only its own writes roll back.
 type Command func(tx *Tx) (result any, err error)
 
-// Tx is the batch transaction as a command sees it.
+// Tx is the batch transaction as a command sees it: the writer's
+// connection with a transaction open on it.
 type Tx struct {
-	*sql.Tx
+	conn *sql.Conn
 	// Now is taken once per batch, so every command of a commit agrees on
 	// the time.
-	Now   time.Time
+	Now time.Time
+	// Local is per-transaction state the command layer may keep (such as
+	// statements bound to this transaction); the writer never reads it.
+	Local any
 	hints []hint.Hint
+}
+
+// Conn is the writer's connection; everything run on it until the batch
+// ends is inside the batch transaction.
+func (t *Tx) Conn() *sql.Conn { return t.conn }
+
+// Exec runs a statement inside the transaction.
+func (t *Tx) Exec(query string, args ...any) (sql.Result, error) {
+	return t.conn.ExecContext(context.Background(), query, args...)
+}
+
+// Query runs a query inside the transaction.
+func (t *Tx) Query(query string, args ...any) (*sql.Rows, error) {
+	return t.conn.QueryContext(context.Background(), query, args...)
+}
+
+// QueryRow runs a one-row query inside the transaction.
+func (t *Tx) QueryRow(query string, args ...any) *sql.Row {
+	return t.conn.QueryRowContext(context.Background(), query, args...)
 }
 
 // Hint records a wake-up to publish after the batch commits. A hint from a
