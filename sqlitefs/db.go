@@ -205,6 +205,19 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 			_ = db.Close()
 		}
 	}()
+	n := opts.Readers
+	if n <= 0 {
+		n = DefaultReaders
+	}
+	if db.Readers, err = sql.Open(readerDriver, dsn(path, false)); err != nil {
+		return nil, fmt.Errorf("open readers: %w", err)
+	}
+	db.Readers.SetMaxOpenConns(n)
+	db.Readers.SetMaxIdleConns(n)
+	version, err := identify(ctx, db.Readers)
+	if err != nil {
+		return nil, err
+	}
 	if db.Writer, err = sql.Open(writerDriver, dsn(path, true)); err != nil {
 		return nil, fmt.Errorf("open writer: %w", err)
 	}
@@ -215,26 +228,17 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := db.Writer.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open writer: %w", err)
 	}
-	if err := migrate(ctx, db.Writer); err != nil {
+	if err := migrate(ctx, db.Writer, version); err != nil {
 		return nil, err
 	}
 	if err := mintGeneration(ctx, db.Writer); err != nil {
 		return nil, err
 	}
 
-	n := opts.Readers
-	if n <= 0 {
-		n = DefaultReaders
-	}
-	if db.Readers, err = sql.Open(readerDriver, dsn(path, false)); err != nil {
-		return nil, fmt.Errorf("open readers: %w", err)
-	}
 	if db.checkpointer, err = sql.Open(writerDriver, dsn(path, false)); err != nil {
 		return nil, fmt.Errorf("open checkpointer: %w", err)
 	}
 	db.checkpointer.SetMaxOpenConns(1)
-	db.Readers.SetMaxOpenConns(n)
-	db.Readers.SetMaxIdleConns(n)
 	if err := db.Readers.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
 	}

@@ -231,7 +231,11 @@ func schemaOf(t *testing.T, db *sql.DB) string {
 		t.Fatalf("read schema: %v", err)
 	}
 	defer rows.Close()
-	out := "app=" + strconv.Itoa(int(pragmaInt(t, db, "application_id"))) + " version=" + strconv.Itoa(int(pragmaInt(t, db, "user_version")))
+	var mode string
+	if err := db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil {
+		t.Fatalf("read journal_mode: %v", err)
+	}
+	out := "app=" + strconv.Itoa(int(pragmaInt(t, db, "application_id"))) + " version=" + strconv.Itoa(int(pragmaInt(t, db, "user_version"))) + " journal=" + mode
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {

@@ -69,28 +69,36 @@ func migrations() []migration {
 // SchemaVersion is the newest schema this binary knows.
 func SchemaVersion() int { return len(migrations()) }
 
-func migrate(ctx context.Context, db *sql.DB) error {
-	var appID, version, tables int
+// identify reads the file's schema version and refuses a file that belongs
+// to another application. It runs on a query-only connection before the
+// writer's first connection switches the file to WAL, so a refused file is
+// left exactly as it was found.
+func identify(ctx context.Context, db *sql.DB) (version int, err error) {
+	var appID, tables int
 	if err := db.QueryRowContext(ctx, queryApplicationID).Scan(&appID); err != nil {
-		return fmt.Errorf("read application_id: %w", err)
+		return 0, fmt.Errorf("read application_id: %w", err)
 	}
 	if err := db.QueryRowContext(ctx, queryUserVersion).Scan(&version); err != nil {
-		return fmt.Errorf("read user_version: %w", err)
+		return 0, fmt.Errorf("read user_version: %w", err)
 	}
 	if err := db.QueryRowContext(ctx, queryHasTables).Scan(&tables); err != nil {
-		return fmt.Errorf("read schema: %w", err)
+		return 0, fmt.Errorf("read schema: %w", err)
 	}
 	switch {
 	case appID != 0 && appID != ApplicationID:
-		return fmt.Errorf("%w: application_id is %#x", ErrForeignDatabase, appID)
+		return 0, fmt.Errorf("%w: application_id is %#x", ErrForeignDatabase, appID)
 	case appID == 0 && tables > 0:
-		return fmt.Errorf("%w: the file holds tables of another application", ErrForeignDatabase)
+		return 0, fmt.Errorf("%w: the file holds tables of another application", ErrForeignDatabase)
 	}
-	ms := migrations()
-	if version > len(ms) {
-		return &NewerDatabaseError{Version: version, Known: len(ms)}
+	if known := len(migrations()); version > known {
+		return 0, &NewerDatabaseError{Version: version, Known: known}
 	}
-	for _, m := range ms[version:] {
+	return version, nil
+}
+
+// migrate applies the migrations newer than version.
+func migrate(ctx context.Context, db *sql.DB, version int) error {
+	for _, m := range migrations()[version:] {
 		if err := apply(ctx, db, m); err != nil {
 			return fmt.Errorf("migrate to v%d (%s): %w", m.version, m.name, err)
 		}
