@@ -50,25 +50,57 @@ func EstimateDecoded(doc []byte) int64 {
 	return n
 }
 
-// PageBudget tracks one page's spending against both budgets.
+// maxDecodedPerByte bounds the decoded estimate of any document: the
+// densest input is "{}," repeated, 192+56 per three bytes, under 97 a byte.
+const maxDecodedPerByte = 97
+
+// PageBudget tracks one page's spending against both budgets. The decoded
+// estimate reads every byte, so it is only computed once the stored bytes
+// are large enough that the decoded budget could be reached at all; a
+// typical page never pays for it.
 type PageBudget struct {
-	stored, decoded int64
 	// Limits; zero means the package defaults.
 	StoredLimit, DecodedLimit int64
+
+	stored, decoded int64
+	exact           bool     // decoded holds exact estimates from now on
+	unestimated     [][]byte // contents admitted before exact mode
+}
+
+func (b *PageBudget) limits() (stored, decoded int64) {
+	stored, decoded = b.StoredLimit, b.DecodedLimit
+	if stored == 0 {
+		stored = PageStoredBudget
+	}
+	if decoded == 0 {
+		decoded = PageDecodedBudget
+	}
+	return stored, decoded
 }
 
 // Admit reports whether a message with this content still fits the page,
 // and if so charges it. The first message of a page always fits, so a page
 // is never empty because of one large message.
 func (b *PageBudget) Admit(content []byte, first bool) bool {
-	storedLimit, decodedLimit := b.StoredLimit, b.DecodedLimit
-	if storedLimit == 0 {
-		storedLimit = PageStoredBudget
+	storedLimit, decodedLimit := b.limits()
+	s := int64(len(content))
+	if !b.exact && (b.stored+s)*maxDecodedPerByte > decodedLimit {
+		// The decoded budget is now reachable: estimate what was skipped.
+		b.exact = true
+		for _, c := range b.unestimated {
+			b.decoded += EstimateDecoded(c)
+		}
+		b.unestimated = nil
 	}
-	if decodedLimit == 0 {
-		decodedLimit = PageDecodedBudget
+	if !b.exact {
+		if !first && b.stored+s > storedLimit {
+			return false
+		}
+		b.stored += s
+		b.unestimated = append(b.unestimated, content)
+		return true
 	}
-	s, d := int64(len(content)), EstimateDecoded(content)
+	d := EstimateDecoded(content)
 	if !first && (b.stored+s > storedLimit || b.decoded+d > decodedLimit) {
 		return false
 	}

@@ -165,6 +165,9 @@ type DB struct {
 
 	// budget is the template each page's budget starts from.
 	budget journal.PageBudget
+	// pageHead and pageAfter are the hot page queries, prepared once on the
+	// reader pool.
+	pageHead, pageAfter *sql.Stmt
 
 	// stmts are the writer's statements, prepared on stmtConn, its
 	// connection.
@@ -242,6 +245,12 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := db.Readers.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
 	}
+	if db.pageHead, err = db.Readers.PrepareContext(ctx, selectPageHead); err != nil {
+		return nil, fmt.Errorf("prepare page query: %w", err)
+	}
+	if db.pageAfter, err = db.Readers.PrepareContext(ctx, selectPageAfter); err != nil {
+		return nil, fmt.Errorf("prepare page query: %w", err)
+	}
 	return db, nil
 }
 
@@ -264,6 +273,14 @@ func (db *DB) Close() error {
 	}
 	db.stmts = nil
 	db.stmtMu.Unlock()
+	for _, s := range []*sql.Stmt{db.pageHead, db.pageAfter} {
+		if s == nil {
+			continue
+		}
+		if e := s.Close(); e != nil && err == nil {
+			err = e
+		}
+	}
 	for _, p := range []*sql.DB{db.Readers, db.checkpointer, db.Writer} {
 		if p == nil {
 			continue

@@ -5,9 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
+
+// queryer is what a page reads through: the reader pool, or one read
+// transaction of it.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
 
 // MaxPageLimit bounds the rows one page may ask for.
 const MaxPageLimit = 10000
@@ -31,20 +38,19 @@ const (
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT 1`
 )
 
+// scanMessage reads one visible row; it reports false for a row without a
+// body (owing a refetch). Content is scanned straight into its own bytes.
 func scanMessage(row interface{ Scan(...any) error }, room string) (journal.Message, bool, error) {
 	var (
 		m       journal.Message
 		thread  string
-		content sql.NullString
+		content []byte
 	)
 	if err := row.Scan(&m.EventID, &thread, &m.Sender, &m.CreatedTS, &m.RevisionID, &m.RevisionTS, &content); err != nil {
 		return m, false, err
 	}
-	m.RoomID, m.Thread = room, journal.DecodeThread(thread)
-	if content.Valid {
-		m.Content = []byte(content.String)
-	}
-	return m, content.Valid, nil
+	m.RoomID, m.Thread, m.Content = room, journal.DecodeThread(thread), content
+	return m, content != nil, nil
 }
 
 func validateRead(req journal.ReadRequest) (thread string, err error) {
@@ -69,18 +75,30 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	if err != nil {
 		return journal.Page{}, err
 	}
-	// One read transaction, so rows and root come from the same snapshot.
-	tx, err := db.Readers.BeginTx(ctx, nil)
-	if err != nil {
-		return journal.Page{}, fmt.Errorf("read page: %w", err)
+	// A room page is one statement, consistent by itself. A thread page
+	// also reads its root, so both run in one read transaction and come
+	// from the same snapshot.
+	var (
+		q       queryer = db.Readers
+		head            = db.pageHead
+		after           = db.pageAfter
+		release         = func() {}
+	)
+	if thread != "" {
+		tx, err := db.Readers.BeginTx(ctx, nil)
+		if err != nil {
+			return journal.Page{}, fmt.Errorf("read page: %w", err)
+		}
+		q, head, after = tx, tx.StmtContext(ctx, head), tx.StmtContext(ctx, after)
+		release = func() { _ = tx.Rollback() }
 	}
-	defer tx.Rollback()
+	defer release()
 
 	var rows *sql.Rows
 	if req.Before == nil {
-		rows, err = tx.QueryContext(ctx, selectPageHead, p.ID, req.RoomID, thread, thread, req.Limit+1)
+		rows, err = head.QueryContext(ctx, p.ID, req.RoomID, thread, thread, req.Limit+1)
 	} else {
-		rows, err = tx.QueryContext(ctx, selectPageAfter, p.ID, req.RoomID, thread, thread,
+		rows, err = after.QueryContext(ctx, p.ID, req.RoomID, thread, thread,
 			req.Before.CreatedTS, req.Before.EventID, req.Limit+1)
 	}
 	if err != nil {
@@ -88,11 +106,11 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	}
 	var (
 		page     journal.Page
-		newest   []journal.Message // newest first
+		newest   = make([]journal.Message, 0, min(req.Limit, 512)) // newest first
 		budget   = db.budget
 		read     int
 		cut      bool
-		lastRead *journal.Cursor
+		lastRead journal.Cursor // the oldest row read: where a next page starts
 	)
 	for rows.Next() {
 		if read == req.Limit {
@@ -109,7 +127,7 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 			break
 		}
 		read++
-		lastRead = &journal.Cursor{CreatedTS: m.CreatedTS, EventID: m.EventID}
+		lastRead = journal.Cursor{CreatedTS: m.CreatedTS, EventID: m.EventID}
 		if !visible {
 			page.OwedRefetch = append(page.OwedRefetch, m.EventID)
 			continue
@@ -121,27 +139,25 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	}
 	switch {
 	case cut:
-		page.NextCursor = lastRead
+		page.NextCursor = &lastRead
 	case thread != "":
 		// The replies are exhausted: the root closes the thread's last page,
 		// if it still fits.
-		root, visible, err := scanMessage(tx.QueryRowContext(ctx, selectVisibleMessage, p.ID, thread, req.RoomID), req.RoomID)
+		root, visible, err := scanMessage(q.QueryRowContext(ctx, selectVisibleMessage, p.ID, thread, req.RoomID), req.RoomID)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return journal.Page{}, fmt.Errorf("read thread root: %w", err)
 		case read == req.Limit || (visible && !budget.Admit(root.Content, len(newest) == 0)):
-			page.NextCursor = lastRead
+			page.NextCursor = &lastRead
 		case !visible:
 			page.OwedRefetch = append(page.OwedRefetch, root.EventID)
 		default:
 			newest = append(newest, root)
 		}
 	}
-	page.Messages = make([]journal.Message, len(newest))
-	for i, m := range newest {
-		page.Messages[len(newest)-1-i] = m
-	}
+	slices.Reverse(newest)
+	page.Messages = newest
 	return page, nil
 }
 
