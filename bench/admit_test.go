@@ -14,7 +14,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/store"
-	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // offeredRate is the fixed open-loop load of the latency phase, events/s.
@@ -273,7 +273,7 @@ func (pl *planner) next(s int) planned {
 	ts := pl.base + pl.tick
 	id := pl.g.eventID()
 	var (
-		ev   testsupport.Ev
+		ev   mx.Ev
 		room string
 	)
 	roll := pl.g.r.IntN(100)
@@ -282,7 +282,7 @@ func (pl *planner) next(s int) planned {
 	case roll < 80 || !haveTarget:
 		room = roomID(pl.g.r.IntN(admitRooms))
 		sender := userID(pl.g.r.IntN(numUsers))
-		ev = testsupport.Message(id, sender, ts, pl.g.body())
+		ev = mx.Message(id, sender, ts, pl.g.body())
 		r := append(pl.recent[s], target{room: room, id: id, sender: sender, ts: ts})
 		if len(r) > recentPerSender {
 			r = r[1:]
@@ -290,10 +290,10 @@ func (pl *planner) next(s int) planned {
 		pl.recent[s] = r
 	case roll < 92:
 		room = t.room
-		ev = testsupport.Edit(id, t.sender, ts, t.id, pl.g.body())
+		ev = mx.Edit(id, t.sender, ts, t.id, pl.g.body())
 	default:
 		room = t.room
-		ev = testsupport.Reaction(id, userID(pl.g.r.IntN(numUsers)), ts, t.id, "👍")
+		ev = mx.Reaction(id, userID(pl.g.r.IntN(numUsers)), ts, t.id, "👍")
 	}
 	return planned{
 		principal: p,

@@ -11,6 +11,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // TestFixtureMatchesAdmission holds the bulk-built fixture to the rows
@@ -41,7 +42,7 @@ func TestFixtureMatchesAdmission(t *testing.T) {
 	}
 	admittedIDs := make([][]string, spec.Principals)
 	err = spec.each(func(_ int, m fixtureMessage) error {
-		in := testsupport.Live(roomID(m.Room), testsupport.Message(m.EventID, m.Sender, m.TS, m.Body))
+		in := mx.Live(roomID(m.Room), mx.Message(m.EventID, m.Sender, m.TS, m.Body))
 		res, err := views[m.Principal].AdmitBatch(ctx, in, "")
 		if err != nil {
 			return err

@@ -8,7 +8,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
-	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // storageBatch is the events per AdmitBatch (and IDs per Settle) when
@@ -73,7 +73,7 @@ func fillAndSettle(ctx context.Context, views []journal.PrincipalStore, spec fix
 	}
 	err := spec.each(func(_ int, m fixtureMessage) error {
 		pending[m.Principal] = append(pending[m.Principal],
-			testsupport.Live(roomID(m.Room), testsupport.Message(m.EventID, m.Sender, m.TS, m.Body))...)
+			mx.Live(roomID(m.Room), mx.Message(m.EventID, m.Sender, m.TS, m.Body))...)
 		admitted[m.Principal] = append(admitted[m.Principal], m.EventID)
 		if len(pending[m.Principal]) == storageBatch {
 			return flush(m.Principal)

@@ -366,7 +366,7 @@ func TestAdmission(t *testing.T, f Factory) {
 // in roomID: the canonical JSON of the whole event with room_id filled in.
 func canonicalEvent(t *testing.T, e event, roomID string) string {
 	t.Helper()
-	b, err := journal.CanonicalJSON(e.with("room_id", roomID).json())
+	b, err := journal.CanonicalJSON(e.With("room_id", roomID).JSON())
 	if err != nil {
 		t.Fatalf("canonical JSON: %v", err)
 	}

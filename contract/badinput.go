@@ -27,7 +27,7 @@ func TestBadInput(t *testing.T, f Factory) {
 	raw := func(s string) journal.Inbound {
 		return journal.Inbound{RoomID: room, Provenance: journal.Live, Event: []byte(s)}
 	}
-	live := func(e event) journal.Inbound { return e.in(room, journal.Live) }
+	live := func(e event) journal.Inbound { return e.In(room, journal.Live) }
 
 	cases := []struct {
 		name  string
@@ -35,41 +35,41 @@ func TestBadInput(t *testing.T, f Factory) {
 		field string // the EventError field that names the fault
 		id    string // the event ID the result can still report
 	}{
-		{"MissingEventID", live(bad().with("event_id", nil)), "event_id", ""},
-		{"EventIDWithoutItsSigil", live(bad().with("event_id", "bad")), "event_id", ""},
-		{"EventIDWithASpace", live(bad().with("event_id", "$b ad")), "event_id", ""},
-		{"EventIDOfTheWrongType", live(bad().with("event_id", 42)), "event", ""},
-		{"MissingType", live(bad().with("type", nil)), "type", "$bad"},
-		{"EmptyType", live(bad().with("type", "")), "type", "$bad"},
-		{"MissingSender", live(bad().with("sender", nil)), "sender", "$bad"},
-		{"SenderWithoutAServer", live(bad().with("sender", "@alice")), "sender", "$bad"},
-		{"SenderWithoutItsSigil", live(bad().with("sender", "alice:example.org")), "sender", "$bad"},
-		{"SenderOfTheWrongType", live(bad().with("sender", true)), "event", "$bad"},
-		{"MissingTimestamp", live(bad().with("origin_server_ts", nil)), "origin_server_ts", "$bad"},
-		{"TimestampAsAString", live(bad().with("origin_server_ts", "1000")), "origin_server_ts", "$bad"},
-		{"FractionalTimestamp", live(bad().with("origin_server_ts", 1000.5)), "origin_server_ts", "$bad"},
-		{"ZeroTimestamp", live(bad().with("origin_server_ts", 0)), "origin_server_ts", "$bad"},
-		{"NegativeTimestamp", live(bad().with("origin_server_ts", -1000)), "origin_server_ts", "$bad"},
-		{"TimestampCenturiesAhead", live(bad().with("origin_server_ts", farFuture)), "origin_server_ts", "$bad"},
-		{"MissingContent", live(bad().with("content", nil)), "content", "$bad"},
-		{"ContentNotAnObject", live(bad().with("content", "hello")), "content", "$bad"},
-		{"ContentOver64KiB", live(bad().with("content", content(map[string]any{"body": strings.Repeat("x", journal.MaxContentBytes)}))), "content", "$bad"},
-		{"ContentFieldOfTheWrongType", live(bad().with("content", content(map[string]any{"msgtype": 7}))), "content", "$bad"},
-		{"RelationOfTheWrongType", live(bad().with("content", content(map[string]any{"m.relates_to": "$x"}))), "content", "$bad"},
-		{"RelationToAMalformedEventID", live(bad().with("content", content(map[string]any{"m.relates_to": map[string]any{"rel_type": "m.thread", "event_id": "root"}}))), "content.m.relates_to.event_id", "$bad"},
-		{"EditWithoutNewContent", live(bad().with("content", content(map[string]any{"m.relates_to": map[string]any{"rel_type": "m.replace", "event_id": "$m"}}))), "content.m.new_content", "$bad"},
-		{"RedactionWithoutATarget", live(redaction("$bad", alice, 1000, "$m").with("redacts", nil).with("content", map[string]any{})), "redacts", "$bad"},
+		{"MissingEventID", live(bad().With("event_id", nil)), "event_id", ""},
+		{"EventIDWithoutItsSigil", live(bad().With("event_id", "bad")), "event_id", ""},
+		{"EventIDWithASpace", live(bad().With("event_id", "$b ad")), "event_id", ""},
+		{"EventIDOfTheWrongType", live(bad().With("event_id", 42)), "event", ""},
+		{"MissingType", live(bad().With("type", nil)), "type", "$bad"},
+		{"EmptyType", live(bad().With("type", "")), "type", "$bad"},
+		{"MissingSender", live(bad().With("sender", nil)), "sender", "$bad"},
+		{"SenderWithoutAServer", live(bad().With("sender", "@alice")), "sender", "$bad"},
+		{"SenderWithoutItsSigil", live(bad().With("sender", "alice:example.org")), "sender", "$bad"},
+		{"SenderOfTheWrongType", live(bad().With("sender", true)), "event", "$bad"},
+		{"MissingTimestamp", live(bad().With("origin_server_ts", nil)), "origin_server_ts", "$bad"},
+		{"TimestampAsAString", live(bad().With("origin_server_ts", "1000")), "origin_server_ts", "$bad"},
+		{"FractionalTimestamp", live(bad().With("origin_server_ts", 1000.5)), "origin_server_ts", "$bad"},
+		{"ZeroTimestamp", live(bad().With("origin_server_ts", 0)), "origin_server_ts", "$bad"},
+		{"NegativeTimestamp", live(bad().With("origin_server_ts", -1000)), "origin_server_ts", "$bad"},
+		{"TimestampCenturiesAhead", live(bad().With("origin_server_ts", farFuture)), "origin_server_ts", "$bad"},
+		{"MissingContent", live(bad().With("content", nil)), "content", "$bad"},
+		{"ContentNotAnObject", live(bad().With("content", "hello")), "content", "$bad"},
+		{"ContentOver64KiB", live(bad().With("content", content(map[string]any{"body": strings.Repeat("x", journal.MaxContentBytes)}))), "content", "$bad"},
+		{"ContentFieldOfTheWrongType", live(bad().With("content", content(map[string]any{"msgtype": 7}))), "content", "$bad"},
+		{"RelationOfTheWrongType", live(bad().With("content", content(map[string]any{"m.relates_to": "$x"}))), "content", "$bad"},
+		{"RelationToAMalformedEventID", live(bad().With("content", content(map[string]any{"m.relates_to": map[string]any{"rel_type": "m.thread", "event_id": "root"}}))), "content.m.relates_to.event_id", "$bad"},
+		{"EditWithoutNewContent", live(bad().With("content", content(map[string]any{"m.relates_to": map[string]any{"rel_type": "m.replace", "event_id": "$m"}}))), "content.m.new_content", "$bad"},
+		{"RedactionWithoutATarget", live(redaction("$bad", alice, 1000, "$m").With("redacts", nil).With("content", map[string]any{})), "redacts", "$bad"},
 		{"RedactionOfAMalformedTarget", live(redaction("$bad", alice, 1000, "not-an-id")), "redacts", "$bad"},
-		{"ReactionWithoutAnAnnotation", live(reaction("$bad", alice, 1000, "$m", "+1").with("content", map[string]any{"key": "+1"})), "content.m.relates_to", "$bad"},
-		{"MembershipWithoutAStateKey", live(member("$bad", alice, 1000, "join").with("state_key", nil)), "state_key", "$bad"},
-		{"MembershipWithoutAMembership", live(member("$bad", alice, 1000, "join").with("content", map[string]any{})), "content.membership", "$bad"},
-		{"RoomIDThatDisagreesWithTheTimeline", live(bad().with("room_id", otherRoom)), "room_id", "$bad"},
-		{"MalformedRoomID", bad().in("room:example.org", journal.Live), "room_id", "$bad"},
-		{"UnknownProvenance", bad().in(room, journal.Provenance(0)), "provenance", "$bad"},
+		{"ReactionWithoutAnAnnotation", live(reaction("$bad", alice, 1000, "$m", "+1").With("content", map[string]any{"key": "+1"})), "content.m.relates_to", "$bad"},
+		{"MembershipWithoutAStateKey", live(member("$bad", alice, 1000, "join").With("state_key", nil)), "state_key", "$bad"},
+		{"MembershipWithoutAMembership", live(member("$bad", alice, 1000, "join").With("content", map[string]any{})), "content.membership", "$bad"},
+		{"RoomIDThatDisagreesWithTheTimeline", live(bad().With("room_id", otherRoom)), "room_id", "$bad"},
+		{"MalformedRoomID", bad().In("room:example.org", journal.Live), "room_id", "$bad"},
+		{"UnknownProvenance", bad().In(room, journal.Provenance(0)), "provenance", "$bad"},
 		{"InvalidJSON", raw(`{"event_id":"$bad","type":`), "event", ""},
-		{"TrailingGarbage", raw(string(bad().json()) + `{}`), "event", ""},
+		{"TrailingGarbage", raw(string(bad().JSON()) + `{}`), "event", ""},
 		{"NotAnObject", raw(`["$bad"]`), "event", ""},
-		{"InvalidUTF8", raw(strings.Replace(string(bad().json()), `"bad"`, "\"b\xffd\"", 1)), "event", "$bad"},
+		{"InvalidUTF8", raw(strings.Replace(string(bad().JSON()), `"bad"`, "\"b\xffd\"", 1)), "event", "$bad"},
 	}
 	for _, c := range cases {
 		t.Run("IsRejectedAlone/"+c.name, func(t *testing.T) {

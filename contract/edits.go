@@ -232,7 +232,7 @@ func TestEditReduction(t *testing.T, f Factory) {
 	t.Run("AnEditInAnotherRoomDoesNotApply", func(t *testing.T) {
 		fx := newFixture(t, f)
 		fx.live(msg("$m1", alice, 1000, "draft"))
-		fx.mustAdmit(edit("$e1", alice, 2000, "$m1", "cross-room").in(otherRoom, journal.Live))
+		fx.mustAdmit(edit("$e1", alice, 2000, "$m1", "cross-room").In(otherRoom, journal.Live))
 		if got, want := fx.roomScreen(), []string{shown("$m1", "draft")}; !slices.Equal(got, want) {
 			t.Fatalf("room = %v, want %v", got, want)
 		}

@@ -2,12 +2,12 @@ package contract
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // The suite speaks for one bot account in one room unless a test says
@@ -99,7 +99,7 @@ func (fx *fixture) mustAdmitOn(v journal.PrincipalStore, in ...journal.Inbound) 
 func (fx *fixture) live(evs ...event) {
 	fx.t.Helper()
 	for _, e := range evs {
-		fx.mustAdmit(e.in(room, journal.Live))
+		fx.mustAdmit(e.In(room, journal.Live))
 	}
 }
 
@@ -211,129 +211,24 @@ func shownReply(id, root, body string) string {
 	return id + `={"body":"` + body + `","m.relates_to":{"event_id":"` + root + `","rel_type":"m.thread"},"msgtype":"m.text"}`
 }
 
-// event is a Matrix event under construction; fields left out are omitted,
-// so tests build malformed events the same way as good ones.
-type event map[string]any
+// event and its builders come from the shared Matrix event package.
+type event = mx.Ev
 
-func msg(id, sender string, ts int64, body string) event {
-	return event{
-		"event_id": id, "type": "m.room.message", "sender": sender, "origin_server_ts": ts,
-		"content": map[string]any{"msgtype": "m.text", "body": body},
-	}
-}
-
-func notice(id, sender string, ts int64, body string) event {
-	e := msg(id, sender, ts, body)
-	e["content"].(map[string]any)["msgtype"] = "m.notice"
-	return e
-}
-
-func image(id, sender string, ts int64) event {
-	return event{
-		"event_id": id, "type": "m.room.message", "sender": sender, "origin_server_ts": ts,
-		"content": map[string]any{"msgtype": "m.image", "body": "cat.png", "url": "mxc://example.org/cat"},
-	}
-}
-
-func reply(id, sender string, ts int64, root, body string) event {
-	e := msg(id, sender, ts, body)
-	e["content"].(map[string]any)["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": root}
-	return e
-}
-
-func edit(id, sender string, ts int64, target, body string) event {
-	return editWith(id, sender, ts, target, map[string]any{"msgtype": "m.text", "body": body})
-}
-
-func editWith(id, sender string, ts int64, target string, newContent map[string]any) event {
-	return event{
-		"event_id": id, "type": "m.room.message", "sender": sender, "origin_server_ts": ts,
-		"content": map[string]any{
-			"msgtype": "m.text", "body": "* edited",
-			"m.new_content": newContent,
-			"m.relates_to":  map[string]any{"rel_type": "m.replace", "event_id": target},
-		},
-	}
-}
-
-// streamEdit is an edit whose new content carries a stream status.
-func streamEdit(id, sender string, ts int64, target, body, status string) event {
-	return editWith(id, sender, ts, target, map[string]any{
-		"msgtype": "m.text", "body": body, journal.StreamStatusKey: status,
-	})
-}
-
-func reaction(id, sender string, ts int64, target, key string) event {
-	return event{
-		"event_id": id, "type": "m.reaction", "sender": sender, "origin_server_ts": ts,
-		"content": map[string]any{"m.relates_to": map[string]any{"rel_type": "m.annotation", "event_id": target, "key": key}},
-	}
-}
-
-func redaction(id, sender string, ts int64, target string) event {
-	return event{
-		"event_id": id, "type": "m.room.redaction", "sender": sender, "origin_server_ts": ts,
-		"redacts": target, "content": map[string]any{"redacts": target},
-	}
-}
-
-func encrypted(id, sender string, ts int64) event {
-	return event{
-		"event_id": id, "type": "m.room.encrypted", "sender": sender, "origin_server_ts": ts,
-		"content": map[string]any{"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgAEnAc", "session_id": "s"},
-	}
-}
-
-func member(id, sender string, ts int64, membership string) event {
-	return event{
-		"event_id": id, "type": "m.room.member", "sender": sender, "origin_server_ts": ts,
-		"state_key": sender, "content": map[string]any{"membership": membership},
-	}
-}
-
-// sidecar is a preview whose real content lives in an attached JSON file.
-func sidecar(id, sender string, ts int64, preview string) event {
-	e := msg(id, sender, ts, preview)
-	c := e["content"].(map[string]any)
-	c[journal.LongTextKey] = map[string]any{"version": 2, "encoding": "matrix_event_content_json"}
-	c["url"] = "mxc://example.org/sidecar"
-	return e
-}
-
-// with returns a copy of e with key set (or removed when value is nil).
-func (e event) with(key string, value any) event {
-	c := make(event, len(e))
-	for k, v := range e {
-		c[k] = v
-	}
-	if value == nil {
-		delete(c, key)
-	} else {
-		c[key] = value
-	}
-	return c
-}
-
-func (e event) json() json.RawMessage {
-	b, err := json.Marshal(map[string]any(e))
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
-func (e event) in(roomID string, p journal.Provenance) journal.Inbound {
-	return journal.Inbound{RoomID: roomID, Provenance: p, Event: e.json()}
-}
-
-// batch wraps events as one batch of one room and provenance.
-func batch(roomID string, p journal.Provenance, evs ...event) []journal.Inbound {
-	out := make([]journal.Inbound, len(evs))
-	for i, e := range evs {
-		out[i] = e.in(roomID, p)
-	}
-	return out
-}
+var (
+	msg        = mx.Message
+	notice     = mx.Notice
+	image      = mx.Image
+	reply      = mx.ThreadReply
+	edit       = mx.Edit
+	editWith   = mx.EditContent
+	streamEdit = mx.StreamEdit
+	reaction   = mx.Reaction
+	redaction  = mx.Redaction
+	encrypted  = mx.Encrypted
+	member     = mx.Member
+	sidecar    = mx.Sidecar
+	batch      = mx.In
+)
 
 // outcomes renders results as "event_id:outcome/class" for comparison.
 func outcomes(res []journal.AdmitResult) string {

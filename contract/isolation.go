@@ -23,8 +23,8 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 	t.Run("BoundViewsCannotSeeEachOther", func(t *testing.T) {
 		fx := newFixture(t, f)
 		other := fx.principal("other", alice)
-		fx.mustAdmit(reply("$r1", bob, 2000, "$root", "hello").in(room, journal.Live),
-			msg("$root", bob, 1000, "root").in(room, journal.Live))
+		fx.mustAdmit(reply("$r1", bob, 2000, "$root", "hello").In(room, journal.Live),
+			msg("$root", bob, 1000, "root").In(room, journal.Live))
 
 		if got := fx.pendingIDs(other); len(got) != 0 {
 			t.Fatalf("other principal's pending = %v, want none", got)
@@ -51,7 +51,7 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 	t.Run("TwoAgentsOnOneAccountAreTwoPrincipals", func(t *testing.T) {
 		fx := newFixture(t, f)
 		twin := fx.principal("twin", botUser)
-		fx.mustAdmit(msg("$m1", alice, 1000, "for helper").in(room, journal.Live))
+		fx.mustAdmit(msg("$m1", alice, 1000, "for helper").In(room, journal.Live))
 
 		if got := fx.pendingIDs(twin); len(got) != 0 {
 			t.Fatalf("twin pending = %v, want none", got)
@@ -64,7 +64,7 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 	t.Run("EachPrincipalAdmitsTheSameEventOnce", func(t *testing.T) {
 		fx := newFixture(t, f)
 		twin := fx.principal("twin", botUser)
-		in := []journal.Inbound{msg("$m1", alice, 1000, "shared").in(room, journal.Live)}
+		in := []journal.Inbound{msg("$m1", alice, 1000, "shared").In(room, journal.Live)}
 		fx.mustAdmitOn(fx.v, in...)
 		fx.mustAdmitOn(twin, in...)
 		if got, want := outcomes(fx.admit(twin, in, "")), "$m1:duplicate"; got != want {
@@ -80,7 +80,7 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 	t.Run("SettlingIsBoundToItsPrincipal", func(t *testing.T) {
 		fx := newFixture(t, f)
 		twin := fx.principal("twin", botUser)
-		in := []journal.Inbound{msg("$m1", alice, 1000, "shared").in(room, journal.Live)}
+		in := []journal.Inbound{msg("$m1", alice, 1000, "shared").In(room, journal.Live)}
 		fx.mustAdmitOn(fx.v, in...)
 		fx.mustAdmitOn(twin, in...)
 
@@ -98,7 +98,7 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 	t.Run("SettlingAnotherPrincipalsEventChangesNothing", func(t *testing.T) {
 		fx := newFixture(t, f)
 		other := fx.principal("other", alice)
-		fx.mustAdmit(msg("$m1", bob, 1000, "mine").in(room, journal.Live))
+		fx.mustAdmit(msg("$m1", bob, 1000, "mine").In(room, journal.Live))
 
 		if got, want := fx.settle(other, "$m1"), 0; got != want {
 			t.Fatalf("other settled %d, want %d", got, want)
@@ -111,10 +111,10 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 	t.Run("EditsAndRedactionsOfOnePrincipalDoNotReachAnother", func(t *testing.T) {
 		fx := newFixture(t, f)
 		twin := fx.principal("twin", botUser)
-		fx.mustAdmitOn(fx.v, msg("$m1", alice, 1000, "one").in(room, journal.Live), msg("$m2", alice, 1001, "two").in(room, journal.Live))
-		fx.mustAdmitOn(twin, msg("$m1", alice, 1000, "one").in(room, journal.Live), msg("$m2", alice, 1001, "two").in(room, journal.Live))
-		fx.mustAdmitOn(twin, edit("$e1", alice, 2000, "$m1", "changed").in(room, journal.Live),
-			redaction("$x1", alice, 2001, "$m2").in(room, journal.Live))
+		fx.mustAdmitOn(fx.v, msg("$m1", alice, 1000, "one").In(room, journal.Live), msg("$m2", alice, 1001, "two").In(room, journal.Live))
+		fx.mustAdmitOn(twin, msg("$m1", alice, 1000, "one").In(room, journal.Live), msg("$m2", alice, 1001, "two").In(room, journal.Live))
+		fx.mustAdmitOn(twin, edit("$e1", alice, 2000, "$m1", "changed").In(room, journal.Live),
+			redaction("$x1", alice, 2001, "$m2").In(room, journal.Live))
 
 		if got, want := screen(fx.read(fx.v, room, nil, 10)), []string{shown("$m1", "one"), shown("$m2", "two")}; !slices.Equal(got, want) {
 			t.Fatalf("owner room = %v, want %v", got, want)
@@ -145,7 +145,7 @@ func TestPrincipalIsolation(t *testing.T, f Factory) {
 
 	t.Run("IsolationSurvivesARestart", func(t *testing.T) {
 		fx := newFixture(t, f)
-		fx.mustAdmit(msg("$m1", alice, 1000, "mine").in(room, journal.Live))
+		fx.mustAdmit(msg("$m1", alice, 1000, "mine").In(room, journal.Live))
 		fx.restart()
 		twin := fx.principal("twin", botUser)
 		if got := fx.pendingIDs(twin); len(got) != 0 {

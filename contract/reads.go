@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
-	ts "github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 const (
@@ -38,9 +38,9 @@ func readsView(t *testing.T, f Factory) journal.PrincipalStore {
 	return v
 }
 
-func readsAdmit(t *testing.T, v journal.Admission, room string, evs ...ts.Ev) {
+func readsAdmit(t *testing.T, v journal.Admission, room string, evs ...mx.Ev) {
 	t.Helper()
-	res, err := v.AdmitBatch(context.Background(), ts.Live(room, evs...), "")
+	res, err := v.AdmitBatch(context.Background(), mx.Live(room, evs...), "")
 	if err != nil {
 		t.Fatalf("admit: %v", err)
 	}
@@ -104,9 +104,9 @@ func TestBoundedReads(t *testing.T, f Factory) {
 	})
 	t.Run("PagesWalkBackwardsWithoutGapsOrRepeats", func(t *testing.T) {
 		v := readsView(t, f)
-		var evs []ts.Ev
+		var evs []mx.Ev
 		for i := 0; i < 23; i++ {
-			evs = append(evs, ts.Message(fmt.Sprintf("$m%02d", i), readsAlice, readsT0+int64(i), "x"))
+			evs = append(evs, mx.Message(fmt.Sprintf("$m%02d", i), readsAlice, readsT0+int64(i), "x"))
 		}
 		readsAdmit(t, v, readsRoom, evs...)
 		got := strings.Join(readsWalk(t, v, readsRoom, nil, 5), "|")
@@ -118,16 +118,16 @@ func TestBoundedReads(t *testing.T, f Factory) {
 	t.Run("APageIsChronologicalEvenWhenAdmittedOutOfOrder", func(t *testing.T) {
 		v := readsView(t, f)
 		readsAdmit(t, v, readsRoom,
-			ts.Message("$c", readsAlice, readsT0+3, "c"),
-			ts.Message("$a", readsAlice, readsT0+1, "a"),
-			ts.Message("$b", readsAlice, readsT0+2, "b"))
+			mx.Message("$c", readsAlice, readsT0+3, "c"),
+			mx.Message("$a", readsAlice, readsT0+1, "a"),
+			mx.Message("$b", readsAlice, readsT0+2, "b"))
 		if got, want := readsIDs(readsRead(t, v, journal.ReadRequest{RoomID: readsRoom, Limit: 10})), "$a,$b,$c"; got != want {
 			t.Fatalf("page=%s, want %s", got, want)
 		}
 	})
 	t.Run("ACursorIsSetOnlyWhenMoreMayExist", func(t *testing.T) {
 		v := readsView(t, f)
-		readsAdmit(t, v, readsRoom, ts.Message("$a", readsAlice, readsT0+1, "a"), ts.Message("$b", readsAlice, readsT0+2, "b"))
+		readsAdmit(t, v, readsRoom, mx.Message("$a", readsAlice, readsT0+1, "a"), mx.Message("$b", readsAlice, readsT0+2, "b"))
 		if p := readsRead(t, v, journal.ReadRequest{RoomID: readsRoom, Limit: 2}); p.NextCursor != nil {
 			t.Fatalf("exact page carries cursor %+v", p.NextCursor)
 		}
@@ -139,11 +139,11 @@ func TestBoundedReads(t *testing.T, f Factory) {
 	t.Run("ThreadsAreSeparateConversations", func(t *testing.T) {
 		v := readsView(t, f)
 		readsAdmit(t, v, readsRoom,
-			ts.Message("$root", readsAlice, readsT0+1, "root"),
-			ts.ThreadReply("$r1", readsAlice, readsT0+2, "$root", "r1"),
-			ts.Message("$room2", readsAlice, readsT0+3, "room2"),
-			ts.Message("$other", readsAlice, readsT0+4, "other root"),
-			ts.ThreadReply("$o1", readsAlice, readsT0+5, "$other", "o1"))
+			mx.Message("$root", readsAlice, readsT0+1, "root"),
+			mx.ThreadReply("$r1", readsAlice, readsT0+2, "$root", "r1"),
+			mx.Message("$room2", readsAlice, readsT0+3, "room2"),
+			mx.Message("$other", readsAlice, readsT0+4, "other root"),
+			mx.ThreadReply("$o1", readsAlice, readsT0+5, "$other", "o1"))
 		if got, want := readsIDs(readsRead(t, v, journal.ReadRequest{RoomID: readsRoom, Limit: 10})), "$root,$room2,$other"; got != want {
 			t.Fatalf("room page=%s, want %s (a thread root belongs to the room)", got, want)
 		}
@@ -160,17 +160,17 @@ func TestBoundedReads(t *testing.T, f Factory) {
 	t.Run("TheRootAppearsOnceEvenWhenItIsAlsoAReply", func(t *testing.T) {
 		v := readsView(t, f)
 		readsAdmit(t, v, readsRoom,
-			ts.ThreadReply("$root", readsAlice, readsT0+1, "$root", "claims its own thread"),
-			ts.ThreadReply("$r1", readsAlice, readsT0+2, "$root", "r1"))
+			mx.ThreadReply("$root", readsAlice, readsT0+1, "$root", "claims its own thread"),
+			mx.ThreadReply("$r1", readsAlice, readsT0+2, "$root", "r1"))
 		if got, want := readsIDs(readsRead(t, v, journal.ReadRequest{RoomID: readsRoom, Thread: readsStr("$root"), Limit: 10})), "$root,$r1"; got != want {
 			t.Fatalf("thread page=%s, want %s", got, want)
 		}
 	})
 	t.Run("AThreadPageRespectsItsLimitWithTheRootMergedAndReachesTheRootLast", func(t *testing.T) {
 		v := readsView(t, f)
-		evs := []ts.Ev{ts.Message("$root", readsAlice, readsT0, "root")}
+		evs := []mx.Ev{mx.Message("$root", readsAlice, readsT0, "root")}
 		for i := 1; i <= 6; i++ {
-			evs = append(evs, ts.ThreadReply(fmt.Sprintf("$r%d", i), readsAlice, readsT0+int64(i), "$root", "r"))
+			evs = append(evs, mx.ThreadReply(fmt.Sprintf("$r%d", i), readsAlice, readsT0+int64(i), "$root", "r"))
 		}
 		readsAdmit(t, v, readsRoom, evs...)
 		got := strings.Join(readsWalk(t, v, readsRoom, readsStr("$root"), 3), "|")
@@ -186,11 +186,11 @@ func TestBoundedReads(t *testing.T, f Factory) {
 		v := readsView(t, f)
 		// Same millisecond: byte order puts upper case before lower case.
 		readsAdmit(t, v, readsRoom,
-			ts.Message("$b", readsAlice, readsT0, "b"),
-			ts.Message("$B", readsAlice, readsT0, "B"),
-			ts.Message("$a", readsAlice, readsT0, "a"),
-			ts.Message("$A", readsAlice, readsT0, "A"),
-			ts.Message("$_", readsAlice, readsT0, "_"))
+			mx.Message("$b", readsAlice, readsT0, "b"),
+			mx.Message("$B", readsAlice, readsT0, "B"),
+			mx.Message("$a", readsAlice, readsT0, "a"),
+			mx.Message("$A", readsAlice, readsT0, "A"),
+			mx.Message("$_", readsAlice, readsT0, "_"))
 		if got, want := readsIDs(readsRead(t, v, journal.ReadRequest{RoomID: readsRoom, Limit: 10})), "$A,$B,$_,$a,$b"; got != want {
 			t.Fatalf("page=%s, want %s", got, want)
 		}
@@ -201,9 +201,9 @@ func TestBoundedReads(t *testing.T, f Factory) {
 	t.Run("RowsOwingARefetchAreReportedAndOmitted", func(t *testing.T) {
 		v := readsView(t, f)
 		readsAdmit(t, v, readsRoom,
-			ts.Message("$a", readsAlice, readsT0+1, "a"),
-			ts.Sidecar("$side", readsAlice, readsT0+2, "preview only"),
-			ts.Message("$c", readsAlice, readsT0+3, "c"))
+			mx.Message("$a", readsAlice, readsT0+1, "a"),
+			mx.Sidecar("$side", readsAlice, readsT0+2, "preview only"),
+			mx.Message("$c", readsAlice, readsT0+3, "c"))
 		p := readsRead(t, v, journal.ReadRequest{RoomID: readsRoom, Limit: 10, Strict: false})
 		if got, want := readsIDs(p), "$a,$c"; got != want {
 			t.Fatalf("page=%s, want %s", got, want)
@@ -214,9 +214,9 @@ func TestBoundedReads(t *testing.T, f Factory) {
 	})
 	t.Run("ExportWalksEverythingInPages", func(t *testing.T) {
 		v := readsView(t, f)
-		var evs []ts.Ev
+		var evs []mx.Ev
 		for i := 0; i < 57; i++ {
-			evs = append(evs, ts.Message(fmt.Sprintf("$e%03d", i), readsAlice, readsT0+int64(i), "x"))
+			evs = append(evs, mx.Message(fmt.Sprintf("$e%03d", i), readsAlice, readsT0+int64(i), "x"))
 		}
 		readsAdmit(t, v, readsRoom, evs...)
 		seen := map[string]bool{}
@@ -243,9 +243,9 @@ func TestPageBudgets(t *testing.T, f Factory) {
 		v := readsView(t, f)
 		const n, size = 300, 60 << 10 // 300 × 60 KiB ≈ 17.6 MiB > 16 MiB
 		for i := 0; i < n; i += 50 {
-			var evs []ts.Ev
+			var evs []mx.Ev
 			for j := i; j < i+50; j++ {
-				evs = append(evs, ts.Message(fmt.Sprintf("$big%03d", j), readsAlice, readsT0+int64(j), readsBody(size)))
+				evs = append(evs, mx.Message(fmt.Sprintf("$big%03d", j), readsAlice, readsT0+int64(j), readsBody(size)))
 			}
 			readsAdmit(t, v, readsRoom, evs...)
 		}
@@ -276,9 +276,9 @@ func TestPageBudgets(t *testing.T, f Factory) {
 		// Nested empty arrays cost far more decoded than stored.
 		nested := strings.TrimSuffix(strings.Repeat("[],", 20000), ",")
 		const n = 40
-		var evs []ts.Ev
+		var evs []mx.Ev
 		for i := 0; i < n; i++ {
-			e := ts.Message(fmt.Sprintf("$deep%02d", i), readsAlice, readsT0+int64(i), "deep")
+			e := mx.Message(fmt.Sprintf("$deep%02d", i), readsAlice, readsT0+int64(i), "deep")
 			e["content"].(map[string]any)["x"] = readsRawJSON("[" + nested + "]")
 			evs = append(evs, e)
 		}
@@ -308,10 +308,10 @@ func TestAPageIsBoundedByTheRowsItReads(t *testing.T, f Factory) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var evs []ts.Ev
+		var evs []mx.Ev
 		var want []string
 		for i := 0; i < n; i++ {
-			evs = append(evs, ts.Message(fmt.Sprintf("$p%02d", i), readsAlice, readsT0+int64(i), "x"))
+			evs = append(evs, mx.Message(fmt.Sprintf("$p%02d", i), readsAlice, readsT0+int64(i), "x"))
 		}
 		readsAdmit(t, v, readsRoom, evs...)
 		bad := map[int]bool{}

@@ -76,7 +76,7 @@ func TestRedaction(t *testing.T, f Factory) {
 	t.Run("ARedactionInAnotherRoomTouchesNothingHere", func(t *testing.T) {
 		fx := newFixture(t, f)
 		fx.live(msg("$m1", alice, 1000, "stays"))
-		fx.mustAdmit(redaction("$x1", alice, 2000, "$m1").in(otherRoom, journal.Live))
+		fx.mustAdmit(redaction("$x1", alice, 2000, "$m1").In(otherRoom, journal.Live))
 		if got, want := fx.roomScreen(), []string{shown("$m1", "stays")}; !slices.Equal(got, want) {
 			t.Fatalf("room = %v, want %v", got, want)
 		}
@@ -328,7 +328,7 @@ func TestRedaction(t *testing.T, f Factory) {
 	t.Run("RedactionsInTheRoomV11ShapeAlsoApply", func(t *testing.T) {
 		fx := newFixture(t, f)
 		// Room version 11 moved redacts into the content.
-		v11 := redaction("$x1", alice, 2000, "$m1").with("redacts", nil)
+		v11 := redaction("$x1", alice, 2000, "$m1").With("redacts", nil)
 		fx.live(msg("$m0", alice, 500, "keep"), msg("$m1", alice, 1000, "remove"), v11)
 		if got, want := fx.roomScreen(), []string{shown("$m0", "keep")}; !slices.Equal(got, want) {
 			t.Fatalf("room = %v, want %v", got, want)

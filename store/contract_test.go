@@ -11,6 +11,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // sqliteBackend is one journal directory on a real on-disk SQLite file.
@@ -65,15 +66,15 @@ func TestSettledRowsKeepNoPayloadOnDisk(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Principal: %v", err)
 	}
-	live := testsupport.Live("!room:example.org",
-		testsupport.Message("$pending", "@alice:example.org", 1000, "still owed"),
-		testsupport.Message("$settled", "@alice:example.org", 1001, "answered"),
-		testsupport.Notice("$notice", "@alice:example.org", 1002, "fyi"),
-		testsupport.Message("$echo", "@bot:example.org", 1003, "mine"),
-		testsupport.Message("$redacted", "@alice:example.org", 1004, "oops"),
-		testsupport.Redaction("$x", "@alice:example.org", 1005, "$redacted"),
+	live := mx.Live("!room:example.org",
+		mx.Message("$pending", "@alice:example.org", 1000, "still owed"),
+		mx.Message("$settled", "@alice:example.org", 1001, "answered"),
+		mx.Notice("$notice", "@alice:example.org", 1002, "fyi"),
+		mx.Message("$echo", "@bot:example.org", 1003, "mine"),
+		mx.Message("$redacted", "@alice:example.org", 1004, "oops"),
+		mx.Redaction("$x", "@alice:example.org", 1005, "$redacted"),
 	)
-	history := testsupport.In("!room:example.org", journal.History, testsupport.Message("$old", "@alice:example.org", 500, "old"))
+	history := mx.In("!room:example.org", journal.History, mx.Message("$old", "@alice:example.org", 500, "old"))
 	for _, in := range [][]journal.Inbound{live, history} {
 		if _, err := v.AdmitBatch(ctx, in, ""); err != nil {
 			t.Fatalf("AdmitBatch: %v", err)

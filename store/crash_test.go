@@ -17,6 +17,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // The crash proof re-executes this test binary as a child that admits sync
@@ -93,11 +94,11 @@ func TestCrashChildProcess(t *testing.T) {
 	}
 	ts := testsupport.DefaultNow.UnixMilli()
 	for n := last + 1; ; n++ {
-		evs := make([]testsupport.Ev, crashEventsPerBatch)
+		evs := make([]mx.Ev, crashEventsPerBatch)
 		for i := range evs {
-			evs[i] = testsupport.Message(crashEventID(n, i), crashSender, ts, fmt.Sprintf("batch %d event %d", n, i))
+			evs[i] = mx.Message(crashEventID(n, i), crashSender, ts, fmt.Sprintf("batch %d event %d", n, i))
 		}
-		if _, err := p.AdmitBatch(ctx, testsupport.Live(crashRoom, evs...), crashToken(n)); err != nil {
+		if _, err := p.AdmitBatch(ctx, mx.Live(crashRoom, evs...), crashToken(n)); err != nil {
 			t.Fatalf("child: admit batch %d: %v", n, err)
 		}
 		// os.Stdout is unbuffered: the line is in the pipe when this returns.

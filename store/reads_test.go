@@ -11,6 +11,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
 	ts "github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // readsBackend is the SQLite backend for the read contract.
@@ -41,8 +42,8 @@ func TestASingleMessageLargerThanTheBudgetStillFillsAPage(t *testing.T) {
 		t.Fatal(err)
 	}
 	room := "!budget:example.org"
-	big := ts.Message("$big", "@alice:example.org", 2000, strings.Repeat("x", 500))
-	if _, err := v.AdmitBatch(ctx, ts.Live(room, ts.Message("$small", "@alice:example.org", 1000, "s"), big), ""); err != nil {
+	big := mx.Message("$big", "@alice:example.org", 2000, strings.Repeat("x", 500))
+	if _, err := v.AdmitBatch(ctx, mx.Live(room, mx.Message("$small", "@alice:example.org", 1000, "s"), big), ""); err != nil {
 		t.Fatal(err)
 	}
 	p, err := v.Read(ctx, journal.ReadRequest{RoomID: room, Limit: 10})
@@ -83,12 +84,12 @@ func TestReadersRunWhileTheWriterCommits(t *testing.T) {
 		go func(w int) {
 			defer wg.Done()
 			for b := 0; b < batches; b++ {
-				var evs []ts.Ev
+				var evs []mx.Ev
 				for i := 0; i < perBatch; i++ {
 					n := (w*batches+b)*perBatch + i
-					evs = append(evs, ts.Message(fmt.Sprintf("$w%06d", n), "@alice:example.org", int64(1000+n), "x"))
+					evs = append(evs, mx.Message(fmt.Sprintf("$w%06d", n), "@alice:example.org", int64(1000+n), "x"))
 				}
-				if _, err := v.AdmitBatch(ctx, ts.Live(room, evs...), ""); err != nil {
+				if _, err := v.AdmitBatch(ctx, mx.Live(room, evs...), ""); err != nil {
 					errs <- err
 					return
 				}

@@ -21,6 +21,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // testDeadline bounds every wait, so a stuck actor fails the test instead of
@@ -290,7 +291,7 @@ func (r *running) waitFor(point outbox.Point, deliveryID string, stage journal.S
 // admit admits one actionable message from alice.
 func (h *harness) admit(v journal.PrincipalStore, eventID string) {
 	h.t.Helper()
-	res, err := v.AdmitBatch(h.ctx, testsupport.Live(room, testsupport.Message(eventID, alice, 1000, "question "+eventID)), "")
+	res, err := v.AdmitBatch(h.ctx, mx.Live(room, mx.Message(eventID, alice, 1000, "question "+eventID)), "")
 	if err != nil {
 		h.t.Fatalf("AdmitBatch(%s): %v", eventID, err)
 	}

@@ -25,7 +25,7 @@ import (
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
-	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // The crash matrix kills a real process at named points of a turn's
@@ -542,11 +542,11 @@ func admitCrashSources(ctx context.Context, v journal.PrincipalStore) error {
 	if err != nil || tok == crashSourceToken {
 		return err
 	}
-	evs := make([]testsupport.Ev, crashTurns)
+	evs := make([]mx.Ev, crashTurns)
 	for i := range evs {
-		evs[i] = testsupport.Message(crashSourceID(i), alice, int64(1000+i), fmt.Sprintf("question %d", i))
+		evs[i] = mx.Message(crashSourceID(i), alice, int64(1000+i), fmt.Sprintf("question %d", i))
 	}
-	_, err = v.AdmitBatch(ctx, testsupport.Live(room, evs...), crashSourceToken)
+	_, err = v.AdmitBatch(ctx, mx.Live(room, evs...), crashSourceToken)
 	return err
 }
 

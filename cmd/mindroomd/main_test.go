@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -31,9 +32,9 @@ func TestStatusSummarisesEachPrincipal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.AdmitBatch(ctx, testsupport.Live("!r:example.org",
-		testsupport.Message("$a", "@alice:example.org", 1000, "hi"),
-		testsupport.Notice("$b", "@alice:example.org", 1001, "fyi")), "tok"); err != nil {
+	if _, err := v.AdmitBatch(ctx, mx.Live("!r:example.org",
+		mx.Message("$a", "@alice:example.org", 1000, "hi"),
+		mx.Notice("$b", "@alice:example.org", 1001, "fyi")), "tok"); err != nil {
 		t.Fatal(err)
 	}
 	out, err := run(t, "status", "-storage", dir)

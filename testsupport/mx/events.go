@@ -1,6 +1,7 @@
-// Package testsupport holds helpers shared by tests: temporary journals on
-// real on-disk SQLite files and builders for Matrix events.
-package testsupport
+// Package mx builds Matrix events for tests. It depends on nothing but the
+// journal's types, so a backend's contract suite can use it without pulling
+// in another backend.
+package mx
 
 import (
 	"encoding/json"
@@ -32,6 +33,37 @@ func ThreadReply(id, sender string, ts int64, root, body string) Ev {
 	e := Message(id, sender, ts, body)
 	e["content"].(map[string]any)["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": root}
 	return e
+}
+
+// Image builds an m.image message (media).
+func Image(id, sender string, ts int64) Ev {
+	return Ev{
+		"event_id": id, "type": "m.room.message", "sender": sender, "origin_server_ts": ts,
+		"content": map[string]any{"msgtype": "m.image", "body": "cat.png", "url": "mxc://example.org/cat"},
+	}
+}
+
+// Encrypted builds ciphertext the journal cannot read.
+func Encrypted(id, sender string, ts int64) Ev {
+	return Ev{
+		"event_id": id, "type": "m.room.encrypted", "sender": sender, "origin_server_ts": ts,
+		"content": map[string]any{"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgAEnAc", "session_id": "s"},
+	}
+}
+
+// Member builds the sender's own m.room.member event.
+func Member(id, sender string, ts int64, membership string) Ev {
+	return Ev{
+		"event_id": id, "type": "m.room.member", "sender": sender, "origin_server_ts": ts,
+		"state_key": sender, "content": map[string]any{"membership": membership},
+	}
+}
+
+// StreamEdit builds an edit whose new content carries a stream status.
+func StreamEdit(id, sender string, ts int64, target, body, status string) Ev {
+	return EditContent(id, sender, ts, target, map[string]any{
+		"msgtype": "m.text", "body": body, journal.StreamStatusKey: status,
+	})
 }
 
 // Edit builds an m.replace of target whose new body is body.
@@ -77,6 +109,26 @@ func Sidecar(id, sender string, ts int64, preview string) Ev {
 	return e
 }
 
+// With returns a copy of e with key set (or removed when value is nil), so
+// tests build malformed events from good ones.
+func (e Ev) With(key string, value any) Ev {
+	c := make(Ev, len(e))
+	for k, v := range e {
+		c[k] = v
+	}
+	if value == nil {
+		delete(c, key)
+	} else {
+		c[key] = value
+	}
+	return c
+}
+
+// In wraps the event as one inbound event of a room and provenance.
+func (e Ev) In(room string, prov journal.Provenance) journal.Inbound {
+	return journal.Inbound{RoomID: room, Provenance: prov, Event: e.JSON()}
+}
+
 // JSON encodes the event.
 func (e Ev) JSON() json.RawMessage {
 	b, err := json.Marshal(map[string]any(e))
@@ -90,7 +142,7 @@ func (e Ev) JSON() json.RawMessage {
 func In(room string, prov journal.Provenance, evs ...Ev) []journal.Inbound {
 	out := make([]journal.Inbound, len(evs))
 	for i, e := range evs {
-		out[i] = journal.Inbound{RoomID: room, Provenance: prov, Event: e.JSON()}
+		out[i] = e.In(room, prov)
 	}
 	return out
 }
