@@ -1,0 +1,49 @@
+package hint_test
+
+import (
+	"testing"
+
+	"github.com/mindroomd/mindroomd/hint"
+)
+
+func pending(s *hint.Subscription) bool {
+	select {
+	case <-s.C():
+		return true
+	default:
+		return false
+	}
+}
+
+func TestASubscriptionWakesOnlyForItsPrincipal(t *testing.T) {
+	var b hint.Bus
+	mine, other, all := b.Subscribe("a@@a:x"), b.Subscribe("b@@b:x"), b.Subscribe("")
+	b.Publish([]hint.Hint{{Principal: "a@@a:x", Room: "!r:x", Position: 7}})
+	if !pending(mine) || pending(other) || !pending(all) {
+		t.Fatal("a hint woke the wrong subscriptions")
+	}
+}
+
+func TestWakeUpsCoalesceAndNeverBlockThePublisher(t *testing.T) {
+	var b hint.Bus
+	s := b.Subscribe("")
+	for i := 0; i < 1000; i++ { // an unread subscription must not stall this
+		b.Publish([]hint.Hint{{Principal: "p", Position: int64(i)}})
+	}
+	if !pending(s) {
+		t.Fatal("no wake-up after publishing")
+	}
+	if pending(s) {
+		t.Fatal("a thousand hints left more than one wake-up")
+	}
+}
+
+func TestAClosedSubscriptionIsNotWoken(t *testing.T) {
+	var b hint.Bus
+	s := b.Subscribe("")
+	s.Close()
+	b.Publish([]hint.Hint{{Principal: "p"}})
+	if pending(s) {
+		t.Fatal("a closed subscription was woken")
+	}
+}
