@@ -31,7 +31,9 @@ const (
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (principal, room_id, target_id, sender) DO UPDATE
 		SET edit_id = excluded.edit_id, edit_ts = excluded.edit_ts, content_json = excluded.content_json, epoch = excluded.epoch`
-	deleteHeldEdits   = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ? AND target_id = ?`
+	deleteHeldEdits  = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ? AND target_id = ?`
+	takeHeldEditsFor = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ? AND target_id = ?
+		RETURNING sender, edit_id, edit_ts, content_json`
 	clearHeldEdit     = `UPDATE unresolved_edits SET content_json = NULL WHERE principal = ? AND room_id = ? AND edit_id = ?`
 	selectJournalEdit = `SELECT target_id FROM journal_events
 		WHERE principal = ? AND event_id = ? AND room_id = ? AND kind = 3`
@@ -99,6 +101,36 @@ func visibleBody(content []byte, seq int64) (body any, refresh any) {
 	return string(content), nil
 }
 
+type heldEdit struct {
+	revision journal.Revision
+	body     []byte
+}
+
+// takeHeldEdits deletes every edit held for target and returns them by
+// sender, in one statement.
+func takeHeldEdits(tx *Tx, p Principal, room, target string) (map[string]heldEdit, error) {
+	rows, err := tx.query(takeHeldEditsFor, p.ID, room, target)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var held map[string]heldEdit
+	for rows.Next() {
+		var (
+			sender string
+			h      heldEdit
+		)
+		if err := rows.Scan(&sender, &h.revision.EventID, &h.revision.TS, &h.body); err != nil {
+			return nil, err
+		}
+		if held == nil {
+			held = make(map[string]heldEdit)
+		}
+		held[sender] = h
+	}
+	return held, rows.Err()
+}
+
 func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
 	dead, err := tombstoned(tx, p, ev.RoomID, ev.ID)
 	if err != nil {
@@ -115,25 +147,14 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) e
 	}
 	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
 	content := []byte(ev.Content)
-	// Only the author's own held edit may apply, and only if it is newer.
-	var (
-		held     journal.Revision
-		heldBody sql.NullString
-	)
-	err = tx.queryRow(selectHeldEdit, p.ID, ev.RoomID, ev.ID, ev.Sender).Scan(&held.EventID, &held.TS, &heldBody)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-	case err != nil:
+	// Every edit held for this target goes now; only the author's own may
+	// apply, and only if it is newer.
+	held, err := takeHeldEdits(tx, p, ev.RoomID, ev.ID)
+	if err != nil {
 		return err
-	case held.After(revision):
-		revision = held
-		content = nil // a held edit that was itself redacted owes a refetch
-		if heldBody.Valid {
-			content = []byte(heldBody.String)
-		}
 	}
-	if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
-		return err
+	if h, ok := held[ev.Sender]; ok && h.revision.After(revision) {
+		revision, content = h.revision, h.body // a redacted held edit has no body: it owes a refetch
 	}
 	body, refresh := visibleBody(content, seq)
 	_, err = tx.exec(insertVisible, seq, p.ID, ev.RoomID, ev.Thread, ev.ID, ev.Sender, ev.TS,

@@ -51,6 +51,14 @@ func (t *Tx) exec(query string, args ...any) (sql.Result, error) {
 	return r, mapErr(err)
 }
 
+func (t *Tx) query(query string, args ...any) (*sql.Rows, error) {
+	s, err := t.stmt(query)
+	if err != nil {
+		return nil, err
+	}
+	return s.Query(args...)
+}
+
 // queryRow runs a one-row query; a prepare failure surfaces from Scan.
 func (t *Tx) queryRow(query string, args ...any) *sql.Row {
 	s, err := t.stmt(query)
