@@ -143,6 +143,19 @@ func TestInitialAndFinalStages(t *testing.T, f Factory) {
 		x.ack(x.v, "d1", journal.StageFinal, "$a1")
 		same(t, "screen", x.screen(x.v, dRoom), []string{"$q1:question", "$a1:answer"})
 	})
+
+	t.Run("ReplayingAnAnswerThatDroppedItsPlaceholderChangesNothing", func(t *testing.T) {
+		x := newDFX(t, f)
+		x.admit(x.v, dRoom, dText("$q1", 1000, "question"))
+		x.enqueue(x.v, answer("d1", journal.StageInitial, dRoom, "thinking"))
+		x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "answer", "$q1"))
+		x.claim(x.v, "d1", journal.StageFinal) // drops the unsent placeholder
+		same(t, "initial state", x.state(x.v, "d1", journal.StageInitial), "retired")
+		res := x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "a different answer", "$q1"))
+		same(t, "outcome", res.Outcome, journal.EnqueueFrozen)
+		x.ack(x.v, "d1", journal.StageFinal, "$a1")
+		same(t, "screen", x.screen(x.v, dRoom), []string{"$q1:question", "$a1:answer"})
+	})
 }
 
 // TestTheHandoffIsOneTransaction checks that an answer and the settlement

@@ -90,12 +90,22 @@ func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.
 	if eventType == "" {
 		eventType = defaultEventType
 	}
-	var one int
-	switch err := tx.queryRow(selectRetiredStage, p.ID, req.DeliveryID).Scan(&one); {
-	case err == nil:
-		return res, nil, fmt.Errorf("%w: %s", journal.ErrDeliveryRetired, req.DeliveryID)
-	case !errors.Is(err, sql.ErrNoRows):
+	existing, err := loadDelivery(tx, p, req.DeliveryID, req.Stage)
+	if err != nil && !errors.Is(err, journal.ErrNoDelivery) {
 		return res, nil, err
+	}
+	exists := err == nil
+	// Replaying a stage already attempted is a no-op whatever happened to
+	// its sibling (a final's claim retires its unsent placeholder); only a
+	// stage not yet sent must not adopt a delivery with a retired stage.
+	if !exists || existing.State == journal.DeliveryQueued || existing.State == journal.DeliveryRetired {
+		var one int
+		switch err := tx.queryRow(selectRetiredStage, p.ID, req.DeliveryID).Scan(&one); {
+		case err == nil:
+			return res, nil, fmt.Errorf("%w: %s", journal.ErrDeliveryRetired, req.DeliveryID)
+		case !errors.Is(err, sql.ErrNoRows):
+			return res, nil, err
+		}
 	}
 	epoch, departed, err := membershipOf(tx, p, req.RoomID)
 	if err != nil {
@@ -135,17 +145,14 @@ func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.
 	}
 
 	res.TxnID, res.Epoch = journal.TxnID(p.Principal, req.DeliveryID, req.Stage), epoch
-	existing, err := loadDelivery(tx, p, req.DeliveryID, req.Stage)
 	switch {
-	case errors.Is(err, journal.ErrNoDelivery):
+	case !exists:
 		now := tx.nowMS()
 		if _, err := tx.exec(insertDelivery, p.ID, req.DeliveryID, int(req.Stage), req.RoomID, thread, res.TxnID,
 			req.TurnID, eventType, string(req.Content), epoch, now, now); err != nil {
 			return res, nil, fmt.Errorf("insert delivery: %w", err)
 		}
 		res.Outcome = journal.EnqueueCreated
-	case err != nil:
-		return res, nil, err
 	case existing.State == journal.DeliveryQueued:
 		if _, err := tx.exec(updateQueuedDelivery, req.RoomID, thread, req.TurnID, eventType, string(req.Content),
 			epoch, tx.nowMS(), existing.Position); err != nil {
