@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
@@ -16,25 +15,6 @@ var (
 	_ journal.TurnRecords = (*View)(nil)
 	_ journal.Membership  = (*View)(nil)
 )
-
-// write runs a command that returns a value and hints through the writer.
-func write[T any](ctx context.Context, v *View, name string, size int, run func(tx *sqlitefs.Tx) (T, []hint.Hint, error)) (T, error) {
-	res, err := v.s.exec(ctx, name, size, func(t *writer.Tx) (any, error) {
-		out, hints, err := run(v.s.tx(t))
-		if err != nil {
-			return nil, err
-		}
-		for _, h := range hints {
-			t.Hint(h)
-		}
-		return out, nil
-	})
-	if err != nil {
-		var zero T
-		return zero, fmt.Errorf("%s: %w", name, err)
-	}
-	return res.(T), nil
-}
 
 // EnqueueAndSettle implements journal.Outbox.
 func (v *View) EnqueueAndSettle(ctx context.Context, req journal.EnqueueRequest) (journal.EnqueueResult, error) {

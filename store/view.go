@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mindroomd/mindroomd/actors/writer"
+	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
@@ -21,29 +22,36 @@ var _ journal.PrincipalStore = (*View)(nil)
 // Principal names the bound principal.
 func (v *View) Principal() journal.Principal { return v.p.Principal }
 
-type admitted struct{ results []journal.AdmitResult }
-
-// AdmitBatch implements journal.Admission.
-func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBatch string) ([]journal.AdmitResult, error) {
-	size := len(nextBatch)
-	for _, e := range events {
-		size += len(e.Event)
-	}
-	parsed := sqlitefs.Parse(events, v.s.now())
-	res, err := v.s.exec(ctx, "admit_batch", size, func(t *writer.Tx) (any, error) {
-		results, hints, err := sqlitefs.AdmitBatch(v.s.tx(t), v.p, parsed, nextBatch)
+// write runs a command that returns a value and hints through the writer.
+func write[T any](ctx context.Context, v *View, name string, size int, run func(tx *sqlitefs.Tx) (T, []hint.Hint, error)) (T, error) {
+	res, err := v.s.exec(ctx, name, size, func(t *writer.Tx) (any, error) {
+		out, hints, err := run(v.s.tx(t))
 		if err != nil {
 			return nil, err
 		}
 		for _, h := range hints {
 			t.Hint(h)
 		}
-		return admitted{results}, nil
+		return out, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("admit batch: %w", err)
+		var zero T
+		return zero, fmt.Errorf("%s: %w", name, err)
 	}
-	return res.(admitted).results, nil
+	return res.(T), nil
+}
+
+// AdmitBatch implements journal.Admission. Events are parsed here, in the
+// caller's goroutine, so the writer's single thread only runs SQL.
+func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBatch string) ([]journal.AdmitResult, error) {
+	size := len(nextBatch)
+	for _, e := range events {
+		size += len(e.Event)
+	}
+	parsed := sqlitefs.Parse(events, v.s.now())
+	return write(ctx, v, "admit batch", size, func(tx *sqlitefs.Tx) ([]journal.AdmitResult, []hint.Hint, error) {
+		return sqlitefs.AdmitBatch(tx, v.p, parsed, nextBatch)
+	})
 }
 
 // SyncToken implements journal.Admission.
@@ -56,13 +64,10 @@ func (v *View) Pending(ctx context.Context, limit int, after int64) (journal.Pen
 
 // Settle implements journal.Replay.
 func (v *View) Settle(ctx context.Context, eventIDs ...string) (int, error) {
-	res, err := v.s.exec(ctx, "settle", 0, func(t *writer.Tx) (any, error) {
-		return sqlitefs.Settle(v.s.tx(t), v.p, eventIDs)
+	return write(ctx, v, "settle", 0, func(tx *sqlitefs.Tx) (int, []hint.Hint, error) {
+		n, err := sqlitefs.Settle(tx, v.p, eventIDs)
+		return n, nil, err
 	})
-	if err != nil {
-		return 0, fmt.Errorf("settle: %w", err)
-	}
-	return res.(int), nil
 }
 
 // Read implements journal.ConversationReader.
