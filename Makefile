@@ -2,7 +2,7 @@
 
 GO        ?= go
 PKGS      := ./...
-BENCHTIME ?= 1x
+BENCHTIME ?= 3x
 # BENCH_N sizes the conversation the walk and deep-page benchmarks build.
 BENCH_N   ?= 1000000
 

