@@ -9,11 +9,12 @@ import (
 // Checkpoints run mostly off the writer's commit path: a checkpoint inside a
 // commit copies megabytes back into the file while every sender of that
 // batch waits. A separate connection copies frames passively, never
-// blocking the writer or a reader. Under sustained writes that copy can
-// never finish (the writer keeps appending), and the WAL only starts over
-// after a complete checkpoint, so the writer keeps a large automatic
-// checkpoint as well: when it fires, the background pass has already copied
-// nearly every frame, so it is short, it completes, and the WAL restarts.
+// blocking the writer or a reader. Under sustained writes that copy never
+// finishes (the writer keeps appending), and the WAL only starts over after
+// a complete checkpoint, so the writer keeps an automatic checkpoint at a
+// high mark (wal_autocheckpoint, 64 MiB of WAL) as the backstop: when it
+// fires, the background passes have already copied most frames, it
+// completes, and the WAL restarts. That stall is the price of a bounded WAL.
 const (
 	checkpointPassive  = `PRAGMA wal_checkpoint(PASSIVE)`
 	checkpointTruncate = `PRAGMA wal_checkpoint(TRUNCATE)`

@@ -53,7 +53,9 @@ const (
 	pragmaForeignKeys = `PRAGMA foreign_keys = ON`
 	pragmaBusyTimeout = `PRAGMA busy_timeout = 10000`
 	pragmaQueryOnly   = `PRAGMA query_only = ON`
-	pragmaAutocheckpt = `PRAGMA wal_autocheckpoint = 0`
+	// The writer's own checkpoint is the backstop that bounds the WAL; the
+	// background checkpointer (checkpoint.go) does most of the copying.
+	pragmaAutocheckpt = `PRAGMA wal_autocheckpoint = 65536`
 	pragmaCacheSize   = `PRAGMA cache_size = -262144`
 	pragmaTempMemory  = `PRAGMA temp_store = MEMORY`
 	// Reading pages through a memory map skips a pread syscall per page,

@@ -90,11 +90,12 @@ func TestTheWriterConnectionIsDurable(t *testing.T) {
 		t.Fatalf("journal_mode = %q, want wal", mode)
 	}
 	for pragma, want := range map[string]int64{
-		"synchronous":  2, // FULL
-		"foreign_keys": 1,
-		"busy_timeout": 10000,
-		"query_only":   0,
-		"page_size":    1024,
+		"synchronous":        2, // FULL
+		"foreign_keys":       1,
+		"busy_timeout":       10000,
+		"query_only":         0,
+		"page_size":          1024,
+		"wal_autocheckpoint": 65536,
 	} {
 		if got := pragmaInt(t, db.Writer, pragma); got != want {
 			t.Fatalf("writer %s = %d, want %d", pragma, got, want)
