@@ -22,7 +22,7 @@ const (
 	// DefaultCheckpointInterval spaces checkpoints while commits keep
 	// coming: long enough to copy many commits' pages at once, short
 	// enough that the WAL stays small.
-	DefaultCheckpointInterval = 250 * time.Millisecond
+	DefaultCheckpointInterval = 50 * time.Millisecond
 )
 
 // CheckpointResult is what one checkpoint reported.
