@@ -17,21 +17,14 @@ import (
 )
 
 // The floor and deep-page loops run the reader's own SQL without the
-// reader around it. These are copies of sqlitefs's selectPageHead and
-// selectPageAfter, kept private there on purpose; checkFloorMatchesReader
-// proves at setup that the copies return the reader's rows in its order.
+// reader around it; checkFloorMatchesReader proves at setup that they
+// return the reader's rows in its order.
 const (
-	pageColumns   = `v.event_id, v.thread_id, v.sender, v.created_ts, v.revision_id, v.revision_ts, v.content_json`
-	floorPageHead = `SELECT ` + pageColumns + ` FROM visible_messages v
-		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
-		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
-	floorPageAfter = `SELECT ` + pageColumns + ` FROM visible_messages v
-		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
-		AND (v.created_ts, v.event_id) < (?, ?)
-		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
+	floorPageHead  = sqlitefs.PageQueryHead
+	floorPageAfter = sqlitefs.PageQueryAfter
 	// disjunctivePageAfter is the spelling DESIGN.md §6 warns against: the
 	// same rows, but the planner cannot bound the index range with it.
-	disjunctivePageAfter = `SELECT ` + pageColumns + ` FROM visible_messages v
+	disjunctivePageAfter = `SELECT ` + sqlitefs.VisibleColumns + ` FROM visible_messages v
 		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
 		AND (v.created_ts < ? OR (v.created_ts = ? AND v.event_id < ?))
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`

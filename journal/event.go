@@ -240,14 +240,17 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	if err := ev.classifyKind(&w, &c); err != nil {
 		return nil, err
 	}
-	if ev.Content, err = CanonicalJSON(w.Content); err != nil {
-		return nil, eventErr("content", err.Error())
-	}
-	whole, err := decodeJSON(in.Event)
+	// One generic decode serves both canonical forms: the event's and its
+	// content's.
+	decoded, err := decodeJSON(in.Event)
 	if err != nil {
 		return nil, eventErr("event", err.Error())
 	}
-	whole.(map[string]any)["room_id"] = in.RoomID
+	whole := decoded.(map[string]any)
+	if ev.Content, err = encodeCanonical(whole["content"]); err != nil {
+		return nil, eventErr("content", err.Error())
+	}
+	whole["room_id"] = in.RoomID
 	if ev.Canonical, err = encodeCanonical(whole); err != nil {
 		return nil, eventErr("event", err.Error())
 	}

@@ -247,10 +247,10 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := db.Readers.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
 	}
-	if db.pageHead, err = db.Readers.PrepareContext(ctx, selectPageHead); err != nil {
+	if db.pageHead, err = db.Readers.PrepareContext(ctx, PageQueryHead); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", err)
 	}
-	if db.pageAfter, err = db.Readers.PrepareContext(ctx, selectPageAfter); err != nil {
+	if db.pageAfter, err = db.Readers.PrepareContext(ctx, PageQueryAfter); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", err)
 	}
 	return db, nil

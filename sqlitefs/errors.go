@@ -44,12 +44,6 @@ func IsFatal(err error) bool {
 	return false
 }
 
-// IsCorrupt reports a corrupt database file, which deserves its own exit code.
-func IsCorrupt(err error) bool {
-	var se sqlite3.Error
-	return errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB)
-}
-
 // mapErr translates constraint codes into domain errors at this boundary, by
 // code and never by message text.
 func mapErr(err error) error {

@@ -12,15 +12,16 @@ var hotQueries = map[string]struct {
 	query string
 	args  []any
 }{
-	"room page head":      {selectPageHead, []any{1, "!r:x", "", "", 50}},
-	"room page after":     {selectPageAfter, []any{1, "!r:x", "", "", int64(5), "$e", 50}},
-	"thread page after":   {selectPageAfter, []any{1, "!r:x", "$root", "$root", int64(5), "$e", 50}},
+	"room page head":      {PageQueryHead, []any{1, "!r:x", "", "", 50}},
+	"room page after":     {PageQueryAfter, []any{1, "!r:x", "", "", int64(5), "$e", 50}},
+	"thread page after":   {PageQueryAfter, []any{1, "!r:x", "$root", "$root", int64(5), "$e", 50}},
 	"thread root":         {selectVisibleMessage, []any{1, "$root", "!r:x"}},
 	"latest visible":      {selectLatestVisible, []any{1, "!r:x", "", ""}},
 	"pending":             {selectPending, []any{1, int64(0), 100}},
 	"admitted thread":     {selectAdmittedThread, []any{1, "$e", "!r:x"}},
 	"visible by event":    {selectVisibleByEvent, []any{1, "$e", "!r:x"}},
 	"held edit":           {selectHeldEdit, []any{1, "!r:x", "$e", "@a:x"}},
+	"take held edits":     {takeHeldEditsFor, []any{1, "!r:x", "$e"}},
 	"tombstone":           {selectTombstone, []any{1, "!r:x", "$e"}},
 	"outbox scan head":    {selectUnackedHead, []any{1, 100}},
 	"outbox scan after":   {selectUnackedAfter, []any{1, int64(0), int64(0), 100}},

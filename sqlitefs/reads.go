@@ -21,17 +21,23 @@ type queryer interface {
 const MaxPageLimit = 10000
 
 // Page queries walk the page index newest-first. The cursor is a row value
-// so the index bounds the scan; the disjunctive spelling would filter.
+// so the index bounds the scan; the disjunctive spelling would filter. The
+// page queries and their columns are exported so benchmarks time the very
+// SQL the reader runs; their arguments are (principal, room, thread,
+// thread[, cursor ts, cursor event], limit).
 const (
-	visibleColumns = `v.event_id, v.thread_id, v.sender, v.created_ts, v.revision_id, v.revision_ts, v.content_json`
-	selectPageHead = `SELECT ` + visibleColumns + ` FROM visible_messages v
+	// VisibleColumns are the columns a page reads, in scan order.
+	VisibleColumns = `v.event_id, v.thread_id, v.sender, v.created_ts, v.revision_id, v.revision_ts, v.content_json`
+	// PageQueryHead reads the newest page of a conversation.
+	PageQueryHead = `SELECT ` + VisibleColumns + ` FROM visible_messages v
 		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
-	selectPageAfter = `SELECT ` + visibleColumns + ` FROM visible_messages v
+	// PageQueryAfter reads the page older than a cursor.
+	PageQueryAfter = `SELECT ` + VisibleColumns + ` FROM visible_messages v
 		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
 		AND (v.created_ts, v.event_id) < (?, ?)
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
-	selectVisibleMessage = `SELECT ` + visibleColumns + ` FROM journal_events j
+	selectVisibleMessage = `SELECT ` + VisibleColumns + ` FROM journal_events j
 		JOIN visible_messages v ON v.seq = j.seq
 		WHERE j.principal = ? AND j.event_id = ? AND v.room_id = ?`
 	selectLatestVisible = `SELECT v.event_id, v.revision_id, v.content_json IS NULL FROM visible_messages v
