@@ -104,12 +104,13 @@ func (q queued) answer(ctx actor.Context, r *Executed) {
 }
 
 type writerActor struct {
-	deps        Deps
-	batch       []queued
-	bytes       int
-	flushQueued bool
-	failed      error
-	conn        *sql.Conn // the single read-write connection, held for life
+	deps         Deps
+	batch        []queued
+	bytes        int
+	flushQueued  bool
+	failed       error
+	conn         *sql.Conn // the single read-write connection, held for life
+	controlStmts map[string]*sql.Stmt
 }
 
 // Receive implements actor.Actor.
@@ -145,6 +146,9 @@ func (a *writerActor) Receive(ctx actor.Context) {
 		// An orderly stop drains what was queued with one final commit.
 		a.flush(ctx)
 	case *actor.Stopped:
+		for _, s := range a.controlStmts {
+			_ = s.Close()
+		}
 		if a.conn != nil {
 			_ = a.conn.Close() // back to its pool, which its owner closes
 		}
@@ -201,7 +205,29 @@ const (
 	beginImmediate = `BEGIN IMMEDIATE`
 	commit         = `COMMIT`
 	rollback       = `ROLLBACK`
+	savepoint      = `SAVEPOINT command`
+	rollbackTo     = `ROLLBACK TO command`
+	release        = `RELEASE command`
 )
+
+// control runs a transaction-control statement. Each is prepared once per
+// connection: every command opens and releases a savepoint, and parsing
+// them afresh each time is a measurable share of a small command.
+func (a *writerActor) control(query string) error {
+	s, ok := a.controlStmts[query]
+	if !ok {
+		var err error
+		if s, err = a.conn.PrepareContext(context.Background(), query); err != nil {
+			return err
+		}
+		if a.controlStmts == nil {
+			a.controlStmts = make(map[string]*sql.Stmt)
+		}
+		a.controlStmts[query] = s
+	}
+	_, err := s.Exec()
+	return err
+}
 
 // run executes one batch in one transaction. A returned error is fatal: the
 // transaction was rolled back and no command of the batch took effect.
@@ -217,7 +243,7 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 			return nil, nil, fmt.Errorf("connect: %w", err)
 		}
 	}
-	if _, err := a.conn.ExecContext(bg, beginImmediate); err != nil {
+	if err := a.control(beginImmediate); err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer func() {
@@ -225,7 +251,7 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 			err = fmt.Errorf("panic in batch: %v", r)
 		}
 		if err != nil {
-			_, _ = a.conn.ExecContext(bg, rollback)
+			_ = a.control(rollback)
 		}
 	}()
 	tx := &Tx{conn: a.conn, Now: a.deps.Now()}
@@ -241,7 +267,7 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 		}
 		replies[i] = reply
 	}
-	if _, err := a.conn.ExecContext(bg, commit); err != nil {
+	if err := a.control(commit); err != nil {
 		return nil, nil, fmt.Errorf("commit: %w", err)
 	}
 	return replies, tx.hints, nil
@@ -251,7 +277,7 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 // the transaction is returned as an error; the command's own failure is its
 // reply.
 func (a *writerActor) runOne(tx *Tx, cmd *Execute) (*Executed, error) {
-	if _, err := tx.Exec(`SAVEPOINT command`); err != nil {
+	if err := a.control(savepoint); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	mark := len(tx.hints)
@@ -261,11 +287,11 @@ func (a *writerActor) runOne(tx *Tx, cmd *Execute) (*Executed, error) {
 			return nil, fmt.Errorf("%s: %w", cmd.Name, cmdErr)
 		}
 		tx.hints = tx.hints[:mark]
-		if _, err := tx.Exec(`ROLLBACK TO command`); err != nil {
+		if err := a.control(rollbackTo); err != nil {
 			return nil, fmt.Errorf("rollback to savepoint: %w", err)
 		}
 	}
-	if _, err := tx.Exec(`RELEASE command`); err != nil {
+	if err := a.control(release); err != nil {
 		return nil, fmt.Errorf("release savepoint: %w", err)
 	}
 	return &Executed{Result: result, Err: cmdErr}, nil
