@@ -122,7 +122,7 @@ type target struct {
 // targetSample is about how many fixture messages are sampled as targets.
 const targetSample = 4096
 
-func openStoreAdmit(b *testing.B, fixture string, opts store.Options) *admitEnv {
+func openStoreAdmit(b testing.TB, fixture string, opts store.Options) *admitEnv {
 	b.Helper()
 	ctx := context.Background()
 	dir := b.TempDir()
@@ -147,8 +147,7 @@ func openStoreAdmit(b *testing.B, fixture string, opts store.Options) *admitEnv 
 	}
 	// The copy must read back in page order before it is worth measuring.
 	var inRoom int
-	if err := s.DB().Readers.QueryRowContext(ctx, `SELECT count(*) FROM visible_messages WHERE principal = ? AND room_id = ?`,
-		ids[0], roomID(0)).Scan(&inRoom); err != nil {
+	if err := s.DB().Readers.QueryRowContext(ctx, countInRoom, ids[0], roomID(0)).Scan(&inRoom); err != nil {
 		b.Fatal(err)
 	}
 	if err := verifyConversation(ctx, s, views[0], ids[0], roomID(0), inRoom); err != nil {
@@ -159,7 +158,8 @@ func openStoreAdmit(b *testing.B, fixture string, opts store.Options) *admitEnv 
 		index[id] = p
 	}
 	targets, err := sampleTargets(ctx, s.DB().Readers,
-		`SELECT principal, room_id, event_id, sender, created_ts FROM visible_messages WHERE seq % ? = 0`, index)
+		`SELECT r.principal, r.room_id, v.event_id, v.sender, v.created_ts
+			FROM visible_messages v JOIN rooms r ON r.id = v.room WHERE v.seq % ? = 0`, index)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -71,7 +71,8 @@ func TestFixtureMatchesAdmission(t *testing.T) {
 		`SELECT * FROM visible_messages ORDER BY seq`,
 		`SELECT id, agent, user_id FROM principals ORDER BY id`,
 		`SELECT count(*) FROM unresolved_edits`,
-		`SELECT count(*) FROM room_memberships`,
+		`SELECT * FROM rooms ORDER BY id`,
+		`SELECT count(*) FROM journal_payloads`,
 	} {
 		want, err := dumpRows(ctx, admitPath, q)
 		if err != nil {

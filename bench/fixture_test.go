@@ -37,12 +37,19 @@ var buildPragmas = []string{
 
 const (
 	fixtureInsertJournal = `INSERT INTO journal_events
-		(seq, principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, payload, epoch, received_ms)
-		VALUES (?, ?, ?, ?, '', '', ?, ?, ?, 1, '', 0, ?)`
+		(seq, principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
+		VALUES (?, ?, ?, ?, '', '', ?, ?, ?, 1, 0, ?)`
 	fixtureInsertVisible = `INSERT INTO visible_messages
-		(seq, principal, room_id, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
-		VALUES (?, ?, ?, '', ?, ?, ?, ?, ?, ?, NULL, 0)`
+		(seq, room, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
+		VALUES (?, ?, '', ?, ?, ?, '', ?, ?, NULL, 0)`
+	// Rooms are interned on first sight, as admission does, so the keys
+	// come out the same.
+	fixtureInsertRoom = `INSERT INTO rooms (principal, room_id) VALUES (?, ?)`
 )
+
+// countInRoom counts the visible rows of (principal, room ID).
+const countInRoom = `SELECT count(*) FROM visible_messages v JOIN rooms r ON r.id = v.room
+	WHERE r.principal = ? AND r.room_id = ?`
 
 // fixtureName keys a cached file by everything that decides its bytes.
 func fixtureName(kind string, spec fixtureSpec, schema int) string {
@@ -133,15 +140,26 @@ func buildStoreFixture(ctx context.Context, dir string, spec fixtureSpec) (strin
 	if err := s.Close(); err != nil {
 		return "", err
 	}
-	err = bulkLoad(ctx, path, []string{fixtureInsertJournal, fixtureInsertVisible}, spec,
+	roomKeys := map[[2]int]int64{}
+	err = bulkLoad(ctx, path, []string{fixtureInsertJournal, fixtureInsertVisible, fixtureInsertRoom}, spec,
 		func(stmts []*sql.Stmt, i int, m fixtureMessage) error {
 			seq := int64(i + 1)
+			key, ok := roomKeys[[2]int{m.Principal, m.Room}]
+			if !ok {
+				r, err := stmts[2].Exec(ids[m.Principal], roomID(m.Room))
+				if err != nil {
+					return err
+				}
+				if key, err = r.LastInsertId(); err != nil {
+					return err
+				}
+				roomKeys[[2]int{m.Principal, m.Room}] = key
+			}
 			if _, err := stmts[0].Exec(seq, ids[m.Principal], m.EventID, roomID(m.Room),
 				int(journal.KindMessage), int(journal.Actionable), int(journal.Live), fixtureReceivedMS); err != nil {
 				return err
 			}
-			_, err := stmts[1].Exec(seq, ids[m.Principal], roomID(m.Room), m.EventID, m.Sender,
-				m.TS, m.EventID, m.TS, contentJSON(m.Body))
+			_, err := stmts[1].Exec(seq, key, m.EventID, m.Sender, m.TS, m.TS, contentJSON(m.Body))
 			return err
 		})
 	return path, err
@@ -246,7 +264,7 @@ func principalIDs(ctx context.Context, s *store.Store, n int) ([]int64, error) {
 func verifyConversation(ctx context.Context, s *store.Store, v journal.ConversationReader, pid int64, room string, n int) error {
 	var count int
 	if err := s.DB().Readers.QueryRowContext(ctx,
-		`SELECT count(*) FROM visible_messages WHERE principal = ? AND room_id = ?`, pid, room).Scan(&count); err != nil {
+		countInRoom, pid, room).Scan(&count); err != nil {
 		return err
 	}
 	if count != n {

@@ -25,7 +25,7 @@ const (
 	// disjunctivePageAfter is the spelling DESIGN.md §6 warns against: the
 	// same rows, but the planner cannot bound the index range with it.
 	disjunctivePageAfter = `SELECT ` + sqlitefs.VisibleColumns + ` FROM visible_messages v
-		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		WHERE v.room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?) AND v.thread_id = ? AND v.event_id <> ?
 		AND (v.created_ts < ? OR (v.created_ts = ? AND v.event_id < ?))
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
 )
@@ -405,7 +405,7 @@ func BenchmarkDeepPage(b *testing.B) {
 func cursorAtDepth(ctx context.Context, env *walkEnv, depth int) (journal.Cursor, error) {
 	var cur journal.Cursor
 	err := env.s.DB().Readers.QueryRowContext(ctx, `SELECT created_ts, event_id FROM visible_messages
-		WHERE principal = ? AND room_id = ? AND thread_id = ''
+		WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?) AND thread_id = ''
 		ORDER BY created_ts DESC, event_id DESC LIMIT 1 OFFSET ?`, env.pid, env.room, depth-1).Scan(&cur.CreatedTS, &cur.EventID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return cur, fmt.Errorf("depth %d is beyond the conversation", depth)

@@ -24,22 +24,28 @@ const maxRejectedRaw = 256 << 10
 
 const (
 	insertJournalEvent = `INSERT INTO journal_events
-		(principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, payload, epoch, received_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		(principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (principal, event_id) DO NOTHING`
-	selectRoomEpoch = `SELECT epoch FROM room_memberships WHERE principal = ? AND room_id = ?`
+	insertPayload = `INSERT INTO journal_payloads (seq, payload) VALUES (?, ?)`
+	selectRoom    = `SELECT id, epoch FROM rooms WHERE principal = ? AND room_id = ?`
+	insertRoom    = `INSERT INTO rooms (principal, room_id) VALUES (?, ?)`
 	selectThreadOf  = `SELECT thread_id FROM journal_events WHERE principal = ? AND event_id = ? AND room_id = ?`
 	insertRejected  = `INSERT INTO rejected_events
 		(principal, room_id, event_id, fingerprint, reason, raw, received_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (principal, fingerprint) DO NOTHING`
-	settleEvent = `UPDATE journal_events SET state = 1, payload = ''
+	// Settling drops the payload through the journal_events_settled trigger.
+	settleEvent = `UPDATE journal_events SET state = 1
 		WHERE principal = ? AND event_id = ? AND state = 0`
-	settleEventInRoom = `UPDATE journal_events SET state = 1, payload = ''
+	settleEventInRoom = `UPDATE journal_events SET state = 1
 		WHERE principal = ? AND event_id = ? AND room_id = ? AND state = 0`
-	selectPending = `SELECT seq, event_id, room_id, kind, epoch, payload FROM journal_events
-		WHERE principal = ? AND state = 0 AND seq > ?
-		ORDER BY seq LIMIT ?`
+	// A pending row without its payload reads as an empty payload, which
+	// the reader reports as unreadable rather than hiding.
+	selectPending = `SELECT j.seq, j.event_id, j.room_id, j.kind, j.epoch, coalesce(p.payload, '')
+		FROM journal_events j LEFT JOIN journal_payloads p ON p.seq = j.seq
+		WHERE j.principal = ? AND j.state = 0 AND j.seq > ?
+		ORDER BY j.seq LIMIT ?`
 	selectAdmittedThread = `SELECT thread_id FROM journal_events
 		WHERE principal = ? AND event_id = ? AND room_id = ?`
 )
@@ -68,7 +74,7 @@ func Parse(events []journal.Inbound, now time.Time) []Parsed {
 // It returns one result per event and the hints to publish after commit.
 func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journal.AdmitResult, []hint.Hint, error) {
 	results := make([]journal.AdmitResult, len(events))
-	epochs := make(map[string]int64)
+	rooms := make(map[string]roomRef)
 	newest := make(map[string]int64)
 	for i, pe := range events {
 		ev := pe.Event
@@ -79,16 +85,16 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 			}
 			continue
 		}
-		epoch, ok := epochs[ev.RoomID]
+		room, ok := rooms[ev.RoomID]
 		if !ok {
 			var err error
-			if epoch, err = roomEpoch(tx, p, ev.RoomID); err != nil {
+			if room, err = roomOf(tx, p, ev.RoomID); err != nil {
 				return nil, nil, err
 			}
-			epochs[ev.RoomID] = epoch
+			rooms[ev.RoomID] = room
 		}
 		class := journal.Classify(ev, p.UserID)
-		seq, admitted, err := insertEvent(tx, p, ev, class, epoch)
+		seq, admitted, err := insertEvent(tx, p, ev, class, room.epoch)
 		if err != nil {
 			return nil, nil, fmt.Errorf("admit %s: %w", ev.ID, err)
 		}
@@ -96,7 +102,7 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 			results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Duplicate}
 			continue
 		}
-		if err := project(tx, p, ev, seq, epoch); err != nil {
+		if err := project(tx, p, ev, seq, room); err != nil {
 			return nil, nil, fmt.Errorf("project %s: %w", ev.ID, err)
 		}
 		results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Admitted, Class: class}
@@ -117,9 +123,9 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 // insertEvent journals ev unless p already has it. Actionable events keep
 // their canonical payload; context-only events are settled from the start.
 func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, epoch int64) (seq int64, admitted bool, err error) {
-	state, payload := stateSettled, ""
+	state := stateSettled
 	if class == journal.Actionable {
-		state, payload = statePending, string(ev.Canonical)
+		state = statePending
 	}
 	thread := ev.Thread
 	if ev.Kind == journal.KindEdit || ev.Kind == journal.KindReaction {
@@ -132,7 +138,7 @@ func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, ep
 	// Exec rather than RETURNING: a query in a transaction costs
 	// database/sql a goroutine, an insert does not.
 	r, err := tx.exec(insertJournalEvent, p.ID, ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
-		int(class), int(ev.Provenance), state, payload, epoch, tx.nowMS())
+		int(class), int(ev.Provenance), state, epoch, tx.nowMS())
 	if err != nil {
 		return 0, false, err
 	}
@@ -142,20 +148,37 @@ func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, ep
 	if seq, err = r.LastInsertId(); err != nil {
 		return 0, false, err
 	}
+	if state == statePending {
+		if _, err := tx.exec(insertPayload, seq, string(ev.Canonical)); err != nil {
+			return 0, false, err
+		}
+	}
 	ev.Thread = thread
 	return seq, true, nil
 }
 
-func roomEpoch(tx *Tx, p Principal, room string) (int64, error) {
-	var epoch int64
-	err := tx.queryRow(selectRoomEpoch, p.ID, room).Scan(&epoch)
+// roomRef is a room as p's rows key it: its interned key and the
+// membership epoch current in this transaction.
+type roomRef struct {
+	key, epoch int64
+}
+
+// roomOf interns room for p on first sight and reads its epoch.
+func roomOf(tx *Tx, p Principal, room string) (roomRef, error) {
+	var r roomRef
+	err := tx.queryRow(selectRoom, p.ID, room).Scan(&r.key, &r.epoch)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
+		res, err := tx.exec(insertRoom, p.ID, room)
+		if err != nil {
+			return r, fmt.Errorf("intern room: %w", err)
+		}
+		r.key, err = res.LastInsertId()
+		return r, err
 	}
 	if err != nil {
-		return 0, fmt.Errorf("read membership epoch: %w", err)
+		return r, fmt.Errorf("read membership epoch: %w", err)
 	}
-	return epoch, nil
+	return r, nil
 }
 
 func recordRejected(tx *Tx, p Principal, in journal.Inbound, eventID string, reason error) error {

@@ -16,10 +16,10 @@ import (
 const OwedReportWindow = 24 * time.Hour
 
 const (
-	selectMembership = `SELECT epoch, departed FROM room_memberships WHERE principal = ? AND room_id = ?`
-	upsertDeparture  = `INSERT INTO room_memberships (principal, room_id, epoch, departed) VALUES (?, ?, 1, 1)
+	selectMembership = `SELECT epoch, departed FROM rooms WHERE principal = ? AND room_id = ?`
+	upsertDeparture  = `INSERT INTO rooms (principal, room_id, epoch, departed) VALUES (?, ?, 1, 1)
 		ON CONFLICT (principal, room_id) DO UPDATE SET epoch = epoch + 1, departed = 1`
-	upsertJoin = `INSERT INTO room_memberships (principal, room_id, epoch, departed) VALUES (?, ?, 0, 0)
+	upsertJoin = `INSERT INTO rooms (principal, room_id, epoch, departed) VALUES (?, ?, 0, 0)
 		ON CONFLICT (principal, room_id) DO UPDATE SET departed = 0`
 	insertObservation = `INSERT INTO membership_observations (principal, observation_id, room_id) VALUES (?, ?, ?)
 		ON CONFLICT (principal, observation_id) DO NOTHING`
@@ -29,11 +29,11 @@ const (
 	deleteExpiredOwed    = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ? AND owed_ms < ?`
 	selectOwedRooms      = `SELECT DISTINCT room_id FROM owed_departure_reports WHERE principal = ? ORDER BY room_id`
 	deleteOwedRoom       = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ?`
-	fenceVisible         = `DELETE FROM visible_messages WHERE principal = ? AND room_id = ?`
+	fenceVisible         = `DELETE FROM visible_messages WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?)`
 	fenceHeldEdits       = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ?`
 	fenceTombstones      = `DELETE FROM redaction_tombstones WHERE principal = ? AND room_id = ?`
 	fenceUnattempted     = `UPDATE delivery_outbox SET state = 4, updated_ms = ? WHERE principal = ? AND room_id = ? AND state = 0`
-	fencePendingTurnWork = `UPDATE journal_events SET state = 1, payload = ''
+	fencePendingTurnWork = `UPDATE journal_events SET state = 1
 		WHERE principal = ? AND state = 0 AND room_id = ? AND kind IN (1, 2)`
 )
 

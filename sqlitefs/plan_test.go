@@ -31,7 +31,7 @@ var hotQueries = map[string]struct {
 	"fence visible":       {fenceVisible, []any{1, "!r:x"}},
 	"fence outbox":        {fenceUnattempted, []any{int64(0), 1, "!r:x"}},
 	"owed report":         {selectOldestOwed, []any{1, "!r:x", int64(0)}},
-	"journal insert":      {insertJournalEvent, []any{1, "$e", "!r:x", "", "", 1, 1, 1, 0, "", 0, int64(0)}},
+	"journal insert":      {insertJournalEvent, []any{1, "$e", "!r:x", "", "", 1, 1, 1, 0, 0, int64(0)}},
 	"settle":              {settleEvent, []any{1, "$e"}},
 	"retired stage":       {selectRetiredStage, []any{1, "d"}},
 	"journal edit lookup": {selectJournalEdit, []any{1, "$e", "!r:x"}},

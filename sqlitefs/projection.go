@@ -14,12 +14,14 @@ const (
 		VALUES (?, ?, ?, ?) ON CONFLICT (principal, room_id, event_id) DO NOTHING`
 	// The visible row of a logical event is found through the journal's
 	// identity index: the row's key is the journal seq of its original.
-	selectVisibleByEvent = `SELECT v.seq, v.sender, v.revision_id, v.revision_ts
+	// A visible row is in the room of its journal row, so the journal's
+	// room_id stands in for the visible row's room key.
+	selectVisibleByEvent = `SELECT v.seq, v.sender, ` + revisionIDColumn + `, v.revision_ts
 		FROM journal_events j JOIN visible_messages v ON v.seq = j.seq
-		WHERE j.principal = ? AND j.event_id = ? AND v.room_id = ?`
+		WHERE j.principal = ? AND j.event_id = ? AND j.room_id = ?`
 	insertVisible = `INSERT INTO visible_messages
-		(seq, principal, room_id, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+		(seq, room, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	updateVisibleRevision = `UPDATE visible_messages
 		SET revision_id = ?, revision_ts = ?, content_json = ?, refresh_token = ?
 		WHERE seq = ?`
@@ -39,13 +41,26 @@ const (
 		WHERE principal = ? AND event_id = ? AND room_id = ? AND kind = 3`
 )
 
+// revisionIDColumn reads a visible row's revision: a stored '' means the
+// original itself is on screen.
+const revisionIDColumn = `iif(v.revision_id = '', v.event_id, v.revision_id)`
+
+// storedRevisionID is what revisionIDColumn reads back as rev for the
+// original eventID.
+func storedRevisionID(rev journal.Revision, eventID string) string {
+	if rev.EventID == eventID {
+		return ""
+	}
+	return rev.EventID
+}
+
 // project applies one newly admitted event to the visible projection.
-func project(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
+func project(tx *Tx, p Principal, ev *journal.Event, seq int64, room roomRef) error {
 	switch ev.Kind {
 	case journal.KindMessage, journal.KindMedia:
-		return projectOriginal(tx, p, ev, seq, epoch)
+		return projectOriginal(tx, p, ev, seq, room)
 	case journal.KindEdit:
-		return projectEdit(tx, p, ev, seq, epoch)
+		return projectEdit(tx, p, ev, seq, room.epoch)
 	case journal.KindRedaction:
 		return projectRedaction(tx, p, ev, seq)
 	case journal.KindReaction:
@@ -131,7 +146,7 @@ func takeHeldEdits(tx *Tx, p Principal, room, target string) (map[string]heldEdi
 	return held, rows.Err()
 }
 
-func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
+func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roomRef) error {
 	dead, err := tombstoned(tx, p, ev.RoomID, ev.ID)
 	if err != nil {
 		return err
@@ -157,8 +172,8 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) e
 		revision, content = h.revision, h.body // a redacted held edit has no body: it owes a refetch
 	}
 	body, refresh := visibleBody(content, seq)
-	_, err = tx.exec(insertVisible, seq, p.ID, ev.RoomID, ev.Thread, ev.ID, ev.Sender, ev.TS,
-		revision.EventID, revision.TS, body, refresh, epoch)
+	_, err = tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
+		storedRevisionID(revision, ev.ID), revision.TS, body, refresh, room.epoch)
 	return err
 }
 

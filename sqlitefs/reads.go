@@ -27,23 +27,27 @@ const MaxPageLimit = 10000
 // thread[, cursor ts, cursor event], limit).
 const (
 	// VisibleColumns are the columns a page reads, in scan order.
-	VisibleColumns = `v.event_id, v.thread_id, v.sender, v.created_ts, v.revision_id, v.revision_ts, v.content_json`
+	VisibleColumns = `v.event_id, v.thread_id, v.sender, v.created_ts, ` + revisionIDColumn + `, v.revision_ts, v.content_json`
 	// PageQueryHead reads the newest page of a conversation.
 	PageQueryHead = `SELECT ` + VisibleColumns + ` FROM visible_messages v
-		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		WHERE v.room = (` + roomKeyOf + `) AND v.thread_id = ? AND v.event_id <> ?
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
 	// PageQueryAfter reads the page older than a cursor.
 	PageQueryAfter = `SELECT ` + VisibleColumns + ` FROM visible_messages v
-		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		WHERE v.room = (` + roomKeyOf + `) AND v.thread_id = ? AND v.event_id <> ?
 		AND (v.created_ts, v.event_id) < (?, ?)
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
 	selectVisibleMessage = `SELECT ` + VisibleColumns + ` FROM journal_events j
 		JOIN visible_messages v ON v.seq = j.seq
-		WHERE j.principal = ? AND j.event_id = ? AND v.room_id = ?`
-	selectLatestVisible = `SELECT v.event_id, v.revision_id, v.content_json IS NULL FROM visible_messages v
-		WHERE v.principal = ? AND v.room_id = ? AND v.thread_id = ? AND v.event_id <> ?
+		WHERE j.principal = ? AND j.event_id = ? AND j.room_id = ?`
+	selectLatestVisible = `SELECT v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL FROM visible_messages v
+		WHERE v.room = (` + roomKeyOf + `) AND v.thread_id = ? AND v.event_id <> ?
 		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT 1`
 )
+
+// roomKeyOf finds a room's key from (principal, room ID); as a scalar
+// subquery it runs once per statement, not once per row.
+const roomKeyOf = `SELECT id FROM rooms WHERE principal = ? AND room_id = ?`
 
 // scanMessage reads one visible row; it reports false for a row without a
 // body (owing a refetch). Content is scanned straight into its own bytes.

@@ -8,7 +8,7 @@ import (
 const selectStatus = `SELECT p.agent, p.user_id,
 		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id),
 		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id AND j.state = 0),
-		(SELECT count(*) FROM visible_messages v WHERE v.principal = p.id),
+		(SELECT count(*) FROM rooms r JOIN visible_messages v ON v.room = r.id WHERE r.principal = p.id),
 		(SELECT count(*) FROM delivery_outbox o WHERE o.principal = p.id AND o.state IN (0, 1))
 	FROM principals p ORDER BY p.agent, p.user_id`
 

@@ -25,22 +25,11 @@ func (b *sqliteBackend) Open(tb testing.TB) journal.Store {
 	return testsupport.MustOpenAt(tb, b.dir)
 }
 
-// corruptPayload is the write a foreign process would do: bound values
-// only, through its own connection, while the store stays open.
-const corruptPayload = `UPDATE journal_events SET payload = ?
-	WHERE principal = (SELECT id FROM principals WHERE agent = ? AND user_id = ?) AND event_id = ?`
-
-// CorruptPayload implements contract.Backend.
+// CorruptPayload implements contract.Backend: the write a foreign process
+// would do, through its own connection, while the store stays open.
 func (b *sqliteBackend) CorruptPayload(tb testing.TB, p journal.Principal, eventID string) {
 	tb.Helper()
-	db := openRaw(tb, b.dir)
-	res, err := db.ExecContext(context.Background(), corruptPayload, "\x00{not json", p.Agent, p.UserID, eventID)
-	if err != nil {
-		tb.Fatalf("corrupt payload of %s: %v", eventID, err)
-	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		tb.Fatalf("corrupt payload of %s changed %d rows (%v), want 1", eventID, n, err)
-	}
+	testsupport.MustCorruptPayload(tb, b.dir, p, eventID)
 }
 
 // openRaw opens the journal file with the plain driver, outside the store.
@@ -84,7 +73,8 @@ func TestSettledRowsKeepNoPayloadOnDisk(t *testing.T) {
 		t.Fatalf("Settle = %d, %v; want 1", n, err)
 	}
 
-	rows, err := openRaw(t, dir).QueryContext(ctx, `SELECT event_id, state, payload <> '' FROM journal_events ORDER BY seq`)
+	rows, err := openRaw(t, dir).QueryContext(ctx, `SELECT j.event_id, j.state, p.seq IS NOT NULL
+		FROM journal_events j LEFT JOIN journal_payloads p ON p.seq = j.seq ORDER BY j.seq`)
 	if err != nil {
 		t.Fatalf("query journal: %v", err)
 	}

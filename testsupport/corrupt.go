@@ -11,8 +11,9 @@ import (
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
-const corruptPayload = `UPDATE journal_events SET payload = ?
-	WHERE principal = (SELECT id FROM principals WHERE agent = ? AND user_id = ?) AND event_id = ?`
+const corruptPayload = `UPDATE journal_payloads SET payload = ?
+	WHERE seq = (SELECT seq FROM journal_events
+		WHERE principal = (SELECT id FROM principals WHERE agent = ? AND user_id = ?) AND event_id = ?)`
 
 // MustCorruptPayload overwrites the stored payload of one of p's events in
 // the journal under dir with bytes that do not decode.
