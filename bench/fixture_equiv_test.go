@@ -61,6 +61,9 @@ func TestFixtureMatchesAdmission(t *testing.T) {
 			t.Fatalf("settle: %d of %d, %v", n, len(ids), err)
 		}
 	}
+	if _, err := s.MergePageTail(ctx); err != nil {
+		t.Fatal(err)
+	}
 	admitPath := s.DB().Path
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -72,6 +75,8 @@ func TestFixtureMatchesAdmission(t *testing.T) {
 		`SELECT id, agent, user_id FROM principals ORDER BY id`,
 		`SELECT count(*) FROM unresolved_edits`,
 		`SELECT * FROM rooms ORDER BY id`,
+		`SELECT * FROM visible_page ORDER BY room, thread_id, created_ts, event_id`,
+		`SELECT * FROM visible_page_merged`,
 		`SELECT count(*) FROM journal_payloads`,
 	} {
 		want, err := dumpRows(ctx, admitPath, q)

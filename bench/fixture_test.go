@@ -141,7 +141,7 @@ func buildStoreFixture(ctx context.Context, dir string, spec fixtureSpec) (strin
 		return "", err
 	}
 	roomKeys := map[[2]int]int64{}
-	err = bulkLoad(ctx, path, []string{fixtureInsertJournal, fixtureInsertVisible, fixtureInsertRoom}, spec,
+	if err := bulkLoad(ctx, path, []string{fixtureInsertJournal, fixtureInsertVisible, fixtureInsertRoom}, spec,
 		func(stmts []*sql.Stmt, i int, m fixtureMessage) error {
 			seq := int64(i + 1)
 			key, ok := roomKeys[[2]int{m.Principal, m.Room}]
@@ -161,8 +161,25 @@ func buildStoreFixture(ctx context.Context, dir string, spec fixtureSpec) (strin
 			}
 			_, err := stmts[1].Exec(seq, key, m.EventID, m.Sender, m.TS, m.TS, contentJSON(m.Body))
 			return err
-		})
-	return path, err
+		}); err != nil {
+		return "", err
+	}
+	return path, mergeAll(ctx, dir)
+}
+
+// mergeAll opens the journal under dir and merges its page index's whole
+// tail, as the store does when admission pauses, so a fixture starts the
+// way a journal at rest is.
+func mergeAll(ctx context.Context, dir string) error {
+	s, err := store.Open(ctx, store.Options{StorageDir: dir})
+	if err != nil {
+		return err
+	}
+	if _, err := s.MergePageTail(ctx); err != nil {
+		s.Close()
+		return err
+	}
+	return s.Close()
 }
 
 // bulkLoad inserts spec's messages into the file at path through the

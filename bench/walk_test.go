@@ -24,10 +24,15 @@ const (
 	floorPageAfter = sqlitefs.PageQueryAfter
 	// disjunctivePageAfter is the spelling DESIGN.md §6 warns against: the
 	// same rows, but the planner cannot bound the index range with it.
-	disjunctivePageAfter = `SELECT ` + sqlitefs.VisibleColumns + ` FROM visible_messages v
-		WHERE v.room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?) AND v.thread_id = ? AND v.event_id <> ?
-		AND (v.created_ts < ? OR (v.created_ts = ? AND v.event_id < ?))
-		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
+	disjunctivePageAfter = `SELECT 0, ` + sqlitefs.VisibleColumns + ` FROM visible_messages v
+		WHERE v.seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		AND v.room = (SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2) AND v.thread_id = ?3 AND v.event_id <> ?3
+		AND (v.created_ts < ?5 OR (v.created_ts = ?5 AND v.event_id < ?6))
+		UNION ALL SELECT * FROM (SELECT 1, ` + sqlitefs.VisibleColumns + `
+		FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
+		WHERE p.room = (SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2) AND p.thread_id = ?3 AND p.event_id <> ?3
+		AND (p.created_ts < ?5 OR (p.created_ts = ?5 AND p.event_id < ?6))
+		ORDER BY p.created_ts DESC, p.event_id DESC LIMIT ?4)`
 )
 
 // floor runs the page queries directly on the reader pool: prepared once,
@@ -64,7 +69,7 @@ func (f *floor) close() {
 // pageScanner holds the reused scan targets of the floor loops.
 type pageScanner struct {
 	eventID, thread, sender, revision, content sql.RawBytes
-	createdTS, revisionTS                      int64
+	src, createdTS, revisionTS                 int64
 	dest                                       []any
 	// lastTS and lastID are the oldest row read so far: the next cursor.
 	lastTS int64
@@ -75,7 +80,7 @@ type pageScanner struct {
 
 func newPageScanner() *pageScanner {
 	ps := &pageScanner{}
-	ps.dest = []any{&ps.eventID, &ps.thread, &ps.sender, &ps.createdTS, &ps.revision, &ps.revisionTS, &ps.content}
+	ps.dest = []any{&ps.src, &ps.eventID, &ps.thread, &ps.sender, &ps.createdTS, &ps.revision, &ps.revisionTS, &ps.content}
 	return ps
 }
 
@@ -114,7 +119,7 @@ func (ps *pageScanner) page(ctx context.Context, st *sql.Stmt, limit int, args .
 func (f *floor) walk(ctx context.Context, pid int64, room string, limit int) (int, error) {
 	ps := newPageScanner()
 	total := 0
-	read, more, err := ps.page(ctx, f.head, limit, pid, room, "", "", limit+1)
+	read, more, err := ps.page(ctx, f.head, limit, pid, room, "", limit+1)
 	for {
 		if err != nil {
 			return total, err
@@ -123,7 +128,7 @@ func (f *floor) walk(ctx context.Context, pid int64, room string, limit int) (in
 		if !more {
 			return total, nil
 		}
-		read, more, err = ps.page(ctx, f.after, limit, pid, room, "", "", ps.lastTS, string(ps.lastID), limit+1)
+		read, more, err = ps.page(ctx, f.after, limit, pid, room, "", limit+1, ps.lastTS, string(ps.lastID))
 	}
 }
 
@@ -158,7 +163,7 @@ func checkFloorMatchesReader(ctx context.Context, f *floor, v journal.Conversati
 	}
 	ps := newPageScanner()
 	ps.ids = []string{}
-	if _, _, err := ps.page(ctx, f.head, limit, pid, room, "", "", limit+1); err != nil {
+	if _, _, err := ps.page(ctx, f.head, limit, pid, room, "", limit+1); err != nil {
 		return err
 	}
 	if err := sameIDs(first, ps.ids); err != nil {
@@ -174,11 +179,11 @@ func checkFloorMatchesReader(ctx context.Context, f *floor, v journal.Conversati
 	}
 	for name, run := range map[string]func(*pageScanner) error{
 		"row value": func(ps *pageScanner) error {
-			_, _, err := ps.page(ctx, f.after, limit, pid, room, "", "", cur.CreatedTS, cur.EventID, limit+1)
+			_, _, err := ps.page(ctx, f.after, limit, pid, room, "", limit+1, cur.CreatedTS, cur.EventID)
 			return err
 		},
 		"disjunctive": func(ps *pageScanner) error {
-			_, _, err := ps.page(ctx, f.disjunctive, limit, pid, room, "", "", cur.CreatedTS, cur.CreatedTS, cur.EventID, limit+1)
+			_, _, err := ps.page(ctx, f.disjunctive, limit, pid, room, "", limit+1, cur.CreatedTS, cur.EventID)
 			return err
 		},
 	} {
@@ -362,12 +367,12 @@ func BenchmarkDeepPage(b *testing.B) {
 				page func() (int, error)
 			}{
 				{"rowvalue", func() (int, error) {
-					read, _, err := ps.page(ctx, env.floor.after, limit, env.pid, env.room, "", "", cur.CreatedTS, cur.EventID, limit+1)
+					read, _, err := ps.page(ctx, env.floor.after, limit, env.pid, env.room, "", limit+1, cur.CreatedTS, cur.EventID)
 					return read, err
 				}},
 				{"disjunctive", func() (int, error) {
-					read, _, err := ps.page(ctx, env.floor.disjunctive, limit, env.pid, env.room, "", "",
-						cur.CreatedTS, cur.CreatedTS, cur.EventID, limit+1)
+					read, _, err := ps.page(ctx, env.floor.disjunctive, limit, env.pid, env.room, "",
+						limit+1, cur.CreatedTS, cur.EventID)
 					return read, err
 				}},
 				{"reader", func() (int, error) {
@@ -404,7 +409,7 @@ func BenchmarkDeepPage(b *testing.B) {
 // page below it starts depth rows into the conversation.
 func cursorAtDepth(ctx context.Context, env *walkEnv, depth int) (journal.Cursor, error) {
 	var cur journal.Cursor
-	err := env.s.DB().Readers.QueryRowContext(ctx, `SELECT created_ts, event_id FROM visible_messages
+	err := env.s.DB().Readers.QueryRowContext(ctx, `SELECT created_ts, event_id FROM visible_page
 		WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?) AND thread_id = ''
 		ORDER BY created_ts DESC, event_id DESC LIMIT 1 OFFSET ?`, env.pid, env.room, depth-1).Scan(&cur.CreatedTS, &cur.EventID)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -158,6 +159,11 @@ type Options struct {
 	// PageBudget bounds the memory of one conversation page; zero limits
 	// mean journal.PageStoredBudget and journal.PageDecodedBudget.
 	PageBudget journal.PageBudget
+	// MaxUnmergedTail is how many visible rows may wait outside the page
+	// index before admission merges them inline; default
+	// DefaultMaxUnmergedTail. A reader scans at most about this many rows
+	// besides its page.
+	MaxUnmergedTail int
 }
 
 // DB is an open journal file: the single writer connection (for the writer
@@ -178,6 +184,11 @@ type DB struct {
 	// pageHead and pageAfter are the hot page queries, prepared once on the
 	// reader pool.
 	pageHead, pageAfter *sql.Stmt
+
+	// unmerged estimates the page index's unmerged tail (pageindex.go);
+	// maxUnmerged is where admission merges it inline.
+	unmerged    atomic.Int64
+	maxUnmerged int64
 
 	// stmts are the writer's statements, prepared on stmtConn, its
 	// connection.
@@ -212,7 +223,10 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 		return nil, fmt.Errorf("create journal file: %w", err)
 	}
 
-	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget}
+	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail)}
+	if db.maxUnmerged <= 0 {
+		db.maxUnmerged = DefaultMaxUnmergedTail
+	}
 	defer func() {
 		if err != nil {
 			_ = db.Close()
@@ -254,6 +268,9 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	db.checkpointer.SetMaxOpenConns(1)
 	if err := db.Readers.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
+	}
+	if err := db.countTail(ctx); err != nil {
+		return nil, err
 	}
 	if db.pageHead, err = db.Readers.PrepareContext(ctx, PageQueryHead); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", err)

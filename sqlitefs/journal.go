@@ -27,11 +27,11 @@ const (
 		(principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (principal, event_id) DO NOTHING`
-	insertPayload = `INSERT INTO journal_payloads (seq, payload) VALUES (?, ?)`
-	selectRoom    = `SELECT id, epoch FROM rooms WHERE principal = ? AND room_id = ?`
-	insertRoom    = `INSERT INTO rooms (principal, room_id) VALUES (?, ?)`
-	selectThreadOf  = `SELECT thread_id FROM journal_events WHERE principal = ? AND event_id = ? AND room_id = ?`
-	insertRejected  = `INSERT INTO rejected_events
+	insertPayload  = `INSERT INTO journal_payloads (seq, payload) VALUES (?, ?)`
+	selectRoom     = `SELECT id, epoch FROM rooms WHERE principal = ? AND room_id = ?`
+	insertRoom     = `INSERT INTO rooms (principal, room_id) VALUES (?, ?)`
+	selectThreadOf = `SELECT thread_id FROM journal_events WHERE principal = ? AND event_id = ? AND room_id = ?`
+	insertRejected = `INSERT INTO rejected_events
 		(principal, room_id, event_id, fingerprint, reason, raw, received_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (principal, fingerprint) DO NOTHING`

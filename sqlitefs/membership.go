@@ -23,13 +23,19 @@ const (
 		ON CONFLICT (principal, room_id) DO UPDATE SET departed = 0`
 	insertObservation = `INSERT INTO membership_observations (principal, observation_id, room_id) VALUES (?, ?, ?)
 		ON CONFLICT (principal, observation_id) DO NOTHING`
-	insertOwedReport     = `INSERT INTO owed_departure_reports (principal, room_id, owed_ms) VALUES (?, ?, ?)`
-	selectOldestOwed     = `SELECT id FROM owed_departure_reports WHERE principal = ? AND room_id = ? AND owed_ms >= ? ORDER BY id LIMIT 1`
-	deleteOwedReport     = `DELETE FROM owed_departure_reports WHERE id = ?`
-	deleteExpiredOwed    = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ? AND owed_ms < ?`
-	selectOwedRooms      = `SELECT DISTINCT room_id FROM owed_departure_reports WHERE principal = ? ORDER BY room_id`
-	deleteOwedRoom       = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ?`
-	fenceVisible         = `DELETE FROM visible_messages WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?)`
+	insertOwedReport  = `INSERT INTO owed_departure_reports (principal, room_id, owed_ms) VALUES (?, ?, ?)`
+	selectOldestOwed  = `SELECT id FROM owed_departure_reports WHERE principal = ? AND room_id = ? AND owed_ms >= ? ORDER BY id LIMIT 1`
+	deleteOwedReport  = `DELETE FROM owed_departure_reports WHERE id = ?`
+	deleteExpiredOwed = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ? AND owed_ms < ?`
+	selectOwedRooms   = `SELECT DISTINCT room_id FROM owed_departure_reports WHERE principal = ? ORDER BY room_id`
+	deleteOwedRoom    = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ?`
+	// The merged rows are found through the page index, the unmerged tail
+	// by its seq range; the delete trigger takes their index entries.
+	fenceVisible = `DELETE FROM visible_messages WHERE seq IN
+		(SELECT seq FROM visible_page WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?))`
+	fenceVisibleTail = `DELETE FROM visible_messages
+		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		AND room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?)`
 	fenceHeldEdits       = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ?`
 	fenceTombstones      = `DELETE FROM redaction_tombstones WHERE principal = ? AND room_id = ?`
 	fenceUnattempted     = `UPDATE delivery_outbox SET state = 4, updated_ms = ? WHERE principal = ? AND room_id = ? AND state = 0`
@@ -110,7 +116,7 @@ func FenceDeparture(tx *Tx, p Principal, room string, source journal.DepartureSo
 // an exact retry); journal rows stay as proof; pending redactions stay
 // because they still owe cleanup.
 func advanceEpoch(tx *Tx, p Principal, room string) error {
-	for _, q := range []string{upsertDeparture, fenceVisible, fenceHeldEdits, fenceTombstones} {
+	for _, q := range []string{upsertDeparture, fenceVisible, fenceVisibleTail, fenceHeldEdits, fenceTombstones} {
 		if _, err := tx.exec(q, p.ID, room); err != nil {
 			return fmt.Errorf("fence: %w", err)
 		}

@@ -41,7 +41,7 @@ const (
 		WHERE principal = ? AND event_id = ? AND room_id = ? AND kind = 3`
 )
 
-// revisionIDColumn reads a visible row's revision: a stored '' means the
+// revisionIDColumn reads a visible row's revision: a stored ” means the
 // original itself is on screen.
 const revisionIDColumn = `iif(v.revision_id = '', v.event_id, v.revision_id)`
 
@@ -172,9 +172,11 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roo
 		revision, content = h.revision, h.body // a redacted held edit has no body: it owes a refetch
 	}
 	body, refresh := visibleBody(content, seq)
-	_, err = tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
-		storedRevisionID(revision, ev.ID), revision.TS, body, refresh, room.epoch)
-	return err
+	if _, err = tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
+		storedRevisionID(revision, ev.ID), revision.TS, body, refresh, room.epoch); err != nil {
+		return err
+	}
+	return noteVisibleRow(tx)
 }
 
 func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {

@@ -20,44 +20,59 @@ type queryer interface {
 // MaxPageLimit bounds the rows one page may ask for.
 const MaxPageLimit = 10000
 
-// Page queries walk the page index newest-first. The cursor is a row value
-// so the index bounds the scan; the disjunctive spelling would filter. The
-// page queries and their columns are exported so benchmarks time the very
-// SQL the reader runs; their arguments are (principal, room, thread,
-// thread[, cursor ts, cursor event], limit).
+// A page reads two sources in one statement, so one snapshot: the page
+// index (visible_page) newest-first with a row-value cursor, so the index
+// bounds the scan where the disjunctive spelling would filter; and the
+// unmerged tail (pageindex.go), a bounded number of rows found by their
+// seq range. The tail's rows come first, unordered, each marked 0; the
+// index rows follow, marked 1, in order; pageScan merges them. The page
+// queries and their columns are exported so benchmarks time the very SQL
+// the reader runs; their arguments are (principal, room, thread, limit[,
+// cursor ts, cursor event]).
 const (
 	// VisibleColumns are the columns a page reads, in scan order.
 	VisibleColumns = `v.event_id, v.thread_id, v.sender, v.created_ts, ` + revisionIDColumn + `, v.revision_ts, v.content_json`
+	// roomKeyOf finds a room's key from (principal, room ID); as a scalar
+	// subquery it runs once per statement, not once per row.
+	roomKeyOf = `SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2`
+	// A thread page leaves its root out: the root closes the last page.
+	pageTail = `SELECT 0, ` + VisibleColumns + ` FROM visible_messages v
+		WHERE v.seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		AND v.room = (` + roomKeyOf + `) AND v.thread_id = ?3 AND v.event_id <> ?3`
+	pageIndex = `SELECT * FROM (SELECT 1, ` + VisibleColumns + `
+		FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
+		WHERE p.room = (` + roomKeyOf + `) AND p.thread_id = ?3 AND p.event_id <> ?3`
+	pageOrder = ` ORDER BY p.created_ts DESC, p.event_id DESC LIMIT ?4)`
 	// PageQueryHead reads the newest page of a conversation.
-	PageQueryHead = `SELECT ` + VisibleColumns + ` FROM visible_messages v
-		WHERE v.room = (` + roomKeyOf + `) AND v.thread_id = ? AND v.event_id <> ?
-		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
+	PageQueryHead = pageTail + ` UNION ALL ` + pageIndex + pageOrder
 	// PageQueryAfter reads the page older than a cursor.
-	PageQueryAfter = `SELECT ` + VisibleColumns + ` FROM visible_messages v
-		WHERE v.room = (` + roomKeyOf + `) AND v.thread_id = ? AND v.event_id <> ?
-		AND (v.created_ts, v.event_id) < (?, ?)
-		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT ?`
+	PageQueryAfter = pageTail + ` AND (v.created_ts, v.event_id) < (?5, ?6)
+		UNION ALL ` + pageIndex + ` AND (p.created_ts, p.event_id) < (?5, ?6)` + pageOrder
 	selectVisibleMessage = `SELECT ` + VisibleColumns + ` FROM journal_events j
 		JOIN visible_messages v ON v.seq = j.seq
 		WHERE j.principal = ? AND j.event_id = ? AND j.room_id = ?`
-	selectLatestVisible = `SELECT v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL FROM visible_messages v
-		WHERE v.room = (` + roomKeyOf + `) AND v.thread_id = ? AND v.event_id <> ?
-		ORDER BY v.created_ts DESC, v.event_id DESC LIMIT 1`
+	// selectLatestVisible reads the tail's rows and the index's newest; the
+	// newest of them all is the conversation's latest.
+	selectLatestVisible = `SELECT v.created_ts, v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL
+		FROM visible_messages v
+		WHERE v.seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		AND v.room = (` + roomKeyOf + `) AND v.thread_id = ?3 AND v.event_id <> ?3
+		UNION ALL SELECT * FROM (SELECT v.created_ts, v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL
+		FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
+		WHERE p.room = (` + roomKeyOf + `) AND p.thread_id = ?3 AND p.event_id <> ?3
+		ORDER BY p.created_ts DESC, p.event_id DESC LIMIT 1)`
 )
 
-// roomKeyOf finds a room's key from (principal, room ID); as a scalar
-// subquery it runs once per statement, not once per row.
-const roomKeyOf = `SELECT id FROM rooms WHERE principal = ? AND room_id = ?`
-
-// scanMessage reads one visible row; it reports false for a row without a
-// body (owing a refetch). Content is scanned straight into its own bytes.
-func scanMessage(row interface{ Scan(...any) error }, room string) (journal.Message, bool, error) {
+// scanMessage reads one visible row after the leading columns in lead; it
+// reports false for a row without a body (owing a refetch). Content is
+// scanned straight into its own bytes.
+func scanMessage(row interface{ Scan(...any) error }, room string, lead ...any) (journal.Message, bool, error) {
 	var (
 		m       journal.Message
 		thread  string
 		content sql.NullString
 	)
-	if err := row.Scan(&m.EventID, &thread, &m.Sender, &m.CreatedTS, &m.RevisionID, &m.RevisionTS, &content); err != nil {
+	if err := row.Scan(append(lead, &m.EventID, &thread, &m.Sender, &m.CreatedTS, &m.RevisionID, &m.RevisionTS, &content)...); err != nil {
 		return m, false, err
 	}
 	m.RoomID, m.Thread = room, journal.DecodeThread(thread)
@@ -68,6 +83,79 @@ func scanMessage(row interface{ Scan(...any) error }, room string) (journal.Mess
 		m.Content = unsafe.Slice(unsafe.StringData(content.String), len(content.String))
 	}
 	return m, content.Valid, nil
+}
+
+// newer orders messages as pages do: by creation time, then event ID in
+// byte order, exactly as the SQL row value compares them.
+func newer(a, b journal.Message) bool {
+	if a.CreatedTS != b.CreatedTS {
+		return a.CreatedTS > b.CreatedTS
+	}
+	return a.EventID > b.EventID
+}
+
+// scanned is one row of a page query.
+type scanned struct {
+	m       journal.Message
+	visible bool
+}
+
+// pageScan yields a page query's rows newest first, merging the unmerged
+// tail's rows (which arrive first, unordered) into the index's.
+type pageScan struct {
+	rows    *sql.Rows
+	room    string
+	tail    []scanned // newest first
+	peek    *scanned  // the next index row, read ahead
+	started bool
+}
+
+// next returns the next row newest first; ok is false at the end.
+func (s *pageScan) next() (r scanned, ok bool, err error) {
+	if !s.started {
+		s.started = true
+		if err := s.fill(); err != nil {
+			return r, false, err
+		}
+		slices.SortFunc(s.tail, func(a, b scanned) int {
+			if newer(a.m, b.m) {
+				return -1
+			}
+			return 1
+		})
+	}
+	if s.peek == nil {
+		if err := s.fill(); err != nil {
+			return r, false, err
+		}
+	}
+	switch {
+	case s.peek != nil && (len(s.tail) == 0 || newer(s.peek.m, s.tail[0].m)):
+		r, s.peek = *s.peek, nil
+		return r, true, nil
+	case len(s.tail) > 0:
+		r, s.tail = s.tail[0], s.tail[1:]
+		return r, true, nil
+	}
+	return r, false, nil
+}
+
+// fill reads rows until it holds the next index row or the rows end; tail
+// rows met on the way are collected.
+func (s *pageScan) fill() error {
+	for s.peek == nil && s.rows.Next() {
+		var src int
+		m, visible, err := scanMessage(s.rows, s.room, &src)
+		if err != nil {
+			return err
+		}
+		if src == 0 {
+			s.tail = append(s.tail, scanned{m, visible})
+			continue
+		}
+		s.peek = &scanned{m, visible}
+	}
+	return s.rows.Err()
 }
 
 func validateRead(req journal.ReadRequest) (thread string, err error) {
@@ -113,10 +201,10 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 
 	var rows *sql.Rows
 	if req.Before == nil {
-		rows, err = head.QueryContext(ctx, p.ID, req.RoomID, thread, thread, req.Limit+1)
+		rows, err = head.QueryContext(ctx, p.ID, req.RoomID, thread, req.Limit+1)
 	} else {
-		rows, err = after.QueryContext(ctx, p.ID, req.RoomID, thread, thread,
-			req.Before.CreatedTS, req.Before.EventID, req.Limit+1)
+		rows, err = after.QueryContext(ctx, p.ID, req.RoomID, thread, req.Limit+1,
+			req.Before.CreatedTS, req.Before.EventID)
 	}
 	if err != nil {
 		return journal.Page{}, fmt.Errorf("read page: %w", err)
@@ -129,16 +217,21 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 		cut      bool
 		lastRead journal.Cursor // the oldest row read: where a next page starts
 	)
-	for rows.Next() {
-		if read == req.Limit {
-			cut = true // a row beyond the limit exists
-			break
-		}
-		m, visible, err := scanMessage(rows, req.RoomID)
+	scan := &pageScan{rows: rows, room: req.RoomID}
+	for {
+		r, ok, err := scan.next()
 		if err != nil {
 			rows.Close()
 			return journal.Page{}, fmt.Errorf("read page: %w", err)
 		}
+		if !ok {
+			break
+		}
+		if read == req.Limit {
+			cut = true // a row beyond the limit exists
+			break
+		}
+		m, visible := r.m, r.visible
 		if visible && !budget.Admit(m.Content, len(newest) == 0) {
 			cut = true
 			break
@@ -192,15 +285,33 @@ func (db *DB) LatestVisibleEventID(ctx context.Context, p Principal, room string
 	}
 	defer tx.Rollback()
 	var (
+		latest            journal.Message
 		logical, revision string
-		bodyless          bool
+		bodyless, found   bool
 	)
-	err = tx.QueryRowContext(ctx, selectLatestVisible, p.ID, room, key, key).Scan(&logical, &revision, &bodyless)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
-	}
+	rows, err := tx.QueryContext(ctx, selectLatestVisible, p.ID, room, key)
 	if err != nil {
 		return "", false, fmt.Errorf("read latest event: %w", err)
+	}
+	for rows.Next() {
+		var (
+			m    journal.Message
+			rev  string
+			none bool
+		)
+		if err := rows.Scan(&m.CreatedTS, &m.EventID, &rev, &none); err != nil {
+			rows.Close()
+			return "", false, fmt.Errorf("read latest event: %w", err)
+		}
+		if !found || newer(m, latest) {
+			latest, logical, revision, bodyless, found = m, m.EventID, rev, none, true
+		}
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return "", false, fmt.Errorf("read latest event: %w", err)
+	}
+	if !found {
+		return "", false, nil
 	}
 	if bodyless && revision != logical {
 		var one int

@@ -10,19 +10,33 @@ import (
 	"github.com/mindroomd/mindroomd/contract"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // sqliteBackend is one journal directory on a real on-disk SQLite file.
-type sqliteBackend struct{ dir string }
+type sqliteBackend struct {
+	dir             string
+	maxUnmergedTail int
+}
 
 func sqliteFactory(tb testing.TB) contract.Backend { return &sqliteBackend{dir: tb.TempDir()} }
+
+// mergingFactory opens journals that merge the page index's tail every n
+// new visible rows. With the default bound the contract's small journals
+// never leave the tail; n = 1 puts every row in the index, n = 3 spreads
+// conversations over both.
+func mergingFactory(n int) contract.Factory {
+	return func(tb testing.TB) contract.Backend {
+		return &sqliteBackend{dir: tb.TempDir(), maxUnmergedTail: n}
+	}
+}
 
 // Open implements contract.Backend.
 func (b *sqliteBackend) Open(tb testing.TB) journal.Store {
 	tb.Helper()
-	return testsupport.MustOpenAt(tb, b.dir)
+	return testsupport.MustOpenWith(tb, store.Options{StorageDir: b.dir, MaxUnmergedTail: b.maxUnmergedTail})
 }
 
 // CorruptPayload implements contract.Backend: the write a foreign process
@@ -44,6 +58,14 @@ func openRaw(tb testing.TB, dir string) *sql.DB {
 }
 
 func TestContract(t *testing.T) { contract.Run(t, sqliteFactory) }
+
+func TestContractWithEveryRowMergedIntoThePageIndex(t *testing.T) {
+	contract.Run(t, mergingFactory(1))
+}
+
+func TestContractWithConversationsSplitBetweenIndexAndTail(t *testing.T) {
+	contract.Run(t, mergingFactory(3))
+}
 
 // TestSettledRowsKeepNoPayloadOnDisk checks what the contract cannot see
 // through the interface: context-only and settled rows keep their identity

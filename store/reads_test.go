@@ -14,18 +14,14 @@ import (
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
-// readsBackend is the SQLite backend for the read contract.
-type readsBackend struct{ dir string }
+func TestReadContract(t *testing.T) { contract.RunReads(t, sqliteFactory) }
 
-func (b readsBackend) Open(tb testing.TB) journal.Store { return ts.MustOpenAt(tb, b.dir) }
-
-func (b readsBackend) CorruptPayload(tb testing.TB, p journal.Principal, eventID string) {
-	tb.Helper()
-	ts.MustCorruptPayload(tb, b.dir, p, eventID)
+func TestReadContractWithEveryRowMergedIntoThePageIndex(t *testing.T) {
+	contract.RunReads(t, mergingFactory(1))
 }
 
-func TestReadContract(t *testing.T) {
-	contract.RunReads(t, func(tb testing.TB) contract.Backend { return readsBackend{dir: tb.TempDir()} })
+func TestReadContractWithConversationsSplitBetweenIndexAndTail(t *testing.T) {
+	contract.RunReads(t, mergingFactory(3))
 }
 
 func TestASingleMessageLargerThanTheBudgetStillFillsAPage(t *testing.T) {

@@ -56,6 +56,13 @@ type Options struct {
 	// PageBudget bounds one conversation page's memory (default 16 MiB
 	// stored, 64 MiB estimated decoded).
 	PageBudget journal.PageBudget
+	// MaxUnmergedTail is how many new visible rows may wait outside the
+	// page index before admission merges them inline (default
+	// sqlitefs.DefaultMaxUnmergedTail).
+	MaxUnmergedTail int
+	// MergeDelay is how long after a commit the page index's unmerged
+	// tail is merged in the background (default DefaultMergeDelay).
+	MergeDelay time.Duration
 }
 
 // Store is an open journal. It implements journal.Store.
@@ -71,6 +78,10 @@ type Store struct {
 	commits    chan struct{} // signalled after each commit, for the checkpointer
 	stopChecks context.CancelFunc
 	checksDone chan struct{}
+
+	merges     chan struct{} // signalled after each commit, for the page merger
+	stopMerges context.CancelFunc
+	mergesDone chan struct{}
 
 	done      chan struct{} // closed when the writer has stopped
 	fatalMu   sync.Mutex
@@ -89,7 +100,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.MaxOutstanding <= 0 {
 		opts.MaxOutstanding = DefaultMaxOutstanding
 	}
-	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers, PageBudget: opts.PageBudget})
+	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers,
+		PageBudget: opts.PageBudget, MaxUnmergedTail: opts.MaxUnmergedTail})
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
@@ -104,6 +116,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 
 		commits:    make(chan struct{}, 1),
 		checksDone: make(chan struct{}),
+		merges:     make(chan struct{}, 1),
+		mergesDone: make(chan struct{}),
 	}
 	if s.system == nil {
 		s.system = actors.NewSystem(opts.Log)
@@ -123,6 +137,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		MaxBatchBytes: opts.MaxBatchBytes,
 	})
 	s.writer = s.system.Root.Spawn(props)
+	var mergeCtx context.Context
+	mergeCtx, s.stopMerges = context.WithCancel(context.Background())
+	go func() {
+		defer close(s.mergesDone)
+		s.runMerges(mergeCtx, opts.MergeDelay)
+	}()
+	if db.Unmerged() > 0 {
+		s.committed(0) // a tail left by the last process merges soon, not at the next commit
+	}
 	var checkCtx context.Context
 	checkCtx, s.stopChecks = context.WithCancel(context.Background())
 	go func() {
@@ -138,6 +161,10 @@ func (s *Store) committed(int) {
 	select {
 	case s.commits <- struct{}{}:
 	default: // a checkpoint is already due
+	}
+	select {
+	case s.merges <- struct{}{}:
+	default: // a merge is already due
 	}
 }
 
@@ -169,6 +196,9 @@ func (s *Store) DB() *sqlitefs.DB { return s.db }
 // queued, then closes the database. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		// The merger goes first: it sends the writer commands.
+		s.stopMerges()
+		<-s.mergesDone
 		// Poison is queued behind every command already sent, so those
 		// commit first; the writer's stop flushes whatever batch is open.
 		s.system.Root.Poison(s.writer)

@@ -29,8 +29,17 @@ func MustOpen(tb testing.TB) (*store.Store, string) {
 // MustOpenAt opens (or reopens) the journal under dir.
 func MustOpenAt(tb testing.TB, dir string) *store.Store {
 	tb.Helper()
-	clock := &Clock{T: DefaultNow}
-	s, err := store.Open(context.Background(), store.Options{StorageDir: dir, Now: clock.Now})
+	return MustOpenWith(tb, store.Options{StorageDir: dir})
+}
+
+// MustOpenWith opens the journal opts name, on the test clock unless opts
+// brings its own.
+func MustOpenWith(tb testing.TB, opts store.Options) *store.Store {
+	tb.Helper()
+	if opts.Now == nil {
+		opts.Now = (&Clock{T: DefaultNow}).Now
+	}
+	s, err := store.Open(context.Background(), opts)
 	if err != nil {
 		tb.Fatalf("open journal: %v", err)
 	}

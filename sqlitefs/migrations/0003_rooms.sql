@@ -31,7 +31,30 @@ CREATE TABLE journal_payloads (
 );
 INSERT INTO journal_payloads (seq, payload)
     SELECT seq, payload FROM journal_events WHERE state = 0;
-ALTER TABLE journal_events DROP COLUMN payload;
+-- Rebuilt rather than altered: dropping the column in place would keep the
+-- pages that settled payloads had already emptied.
+CREATE TABLE journal_events_v3 (
+    seq         INTEGER PRIMARY KEY,
+    principal   INTEGER NOT NULL REFERENCES principals (id),
+    event_id    TEXT    NOT NULL,
+    room_id     TEXT    NOT NULL,
+    thread_id   TEXT    NOT NULL,
+    target_id   TEXT    NOT NULL,
+    kind        INTEGER NOT NULL,
+    class       INTEGER NOT NULL,
+    provenance  INTEGER NOT NULL,
+    state       INTEGER NOT NULL,
+    epoch       INTEGER NOT NULL,
+    received_ms INTEGER NOT NULL
+);
+INSERT INTO journal_events_v3
+    (seq, principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
+    SELECT seq, principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms
+    FROM journal_events ORDER BY seq;
+DROP TABLE journal_events;
+ALTER TABLE journal_events_v3 RENAME TO journal_events;
+CREATE UNIQUE INDEX journal_events_identity ON journal_events (principal, event_id);
+CREATE INDEX journal_events_pending ON journal_events (principal, seq) WHERE state = 0;
 
 -- Whatever settles an event (an answer, a redaction, a fence) drops its
 -- payload in the same statement.
@@ -42,7 +65,8 @@ BEGIN
 END;
 
 -- revision_id is '' while the original itself is the revision on screen,
--- which is most messages: the event ID is not stored a second time.
+-- which is most messages: the event ID is not stored a second time. Rows
+-- append in journal order and carry no index of their own.
 CREATE TABLE visible_messages_v3 (
     seq           INTEGER PRIMARY KEY,
     room          INTEGER NOT NULL,
@@ -61,7 +85,38 @@ INSERT INTO visible_messages_v3
     SELECT v.seq, r.id, v.thread_id, v.event_id, v.sender, v.created_ts,
            CASE WHEN v.revision_id = v.event_id THEN '' ELSE v.revision_id END,
            v.revision_ts, v.content_json, v.refresh_token, v.epoch
-    FROM visible_messages v JOIN rooms r ON r.principal = v.principal AND r.room_id = v.room_id;
+    FROM visible_messages v JOIN rooms r ON r.principal = v.principal AND r.room_id = v.room_id
+    ORDER BY v.seq;
 DROP TABLE visible_messages;
 ALTER TABLE visible_messages_v3 RENAME TO visible_messages;
-CREATE INDEX visible_messages_page ON visible_messages (room, thread_id, created_ts, event_id);
+
+-- The page index, in conversation order. Admission does not write it row by
+-- row: every conversation's newest leaf would be rewritten by almost every
+-- commit. Visible rows newer than visible_page_merged.upto are the unmerged
+-- tail; a merge moves them into the index in key order, many entries per
+-- leaf, and readers read the index and the (bounded) tail together.
+CREATE TABLE visible_page (
+    room       INTEGER NOT NULL,
+    thread_id  TEXT    NOT NULL,
+    created_ts INTEGER NOT NULL,
+    event_id   TEXT    NOT NULL,
+    seq        INTEGER NOT NULL,
+    PRIMARY KEY (room, thread_id, created_ts, event_id)
+) WITHOUT ROWID;
+CREATE TABLE visible_page_merged (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    upto INTEGER NOT NULL
+);
+INSERT INTO visible_page (room, thread_id, created_ts, event_id, seq)
+    SELECT room, thread_id, created_ts, event_id, seq FROM visible_messages
+    ORDER BY room, thread_id, created_ts, event_id;
+INSERT INTO visible_page_merged (id, upto) SELECT 1, coalesce(max(seq), 0) FROM visible_messages;
+
+-- A visible row that goes (a redaction, a fence) takes its index entry
+-- with it, whether or not it was merged yet.
+CREATE TRIGGER visible_messages_deleted AFTER DELETE ON visible_messages
+BEGIN
+    DELETE FROM visible_page
+    WHERE room = old.room AND thread_id = old.thread_id
+      AND created_ts = old.created_ts AND event_id = old.event_id;
+END;
