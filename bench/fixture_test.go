@@ -37,8 +37,8 @@ var buildPragmas = []string{
 
 const (
 	fixtureInsertJournal = `INSERT INTO journal_events
-		(seq, principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
-		VALUES (?, ?, ?, ?, '', '', ?, ?, ?, 1, 0, ?)`
+		(seq, principal, id_hash, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
+		VALUES (?, ?, ?, ?, ?, '', '', ?, ?, ?, 1, 0, ?)`
 	fixtureInsertVisible = `INSERT INTO visible_messages
 		(seq, room, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
 		VALUES (?, ?, '', ?, ?, ?, '', ?, ?, NULL, 0)`
@@ -155,7 +155,7 @@ func buildStoreFixture(ctx context.Context, dir string, spec fixtureSpec) (strin
 				}
 				roomKeys[[2]int{m.Principal, m.Room}] = key
 			}
-			if _, err := stmts[0].Exec(seq, ids[m.Principal], m.EventID, roomID(m.Room),
+			if _, err := stmts[0].Exec(seq, ids[m.Principal], sqlitefs.IDHash(m.EventID), m.EventID, roomID(m.Room),
 				int(journal.KindMessage), int(journal.Actionable), int(journal.Live), fixtureReceivedMS); err != nil {
 				return err
 			}

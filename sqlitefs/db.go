@@ -80,6 +80,9 @@ func init() {
 }
 
 func connectWriter(c *sqlite3.SQLiteConn) error {
+	if err := c.RegisterFunc(idHashFunc, IDHash, true); err != nil {
+		return fmt.Errorf("register %s: %w", idHashFunc, err)
+	}
 	// page_size only takes effect on a new file, and only before WAL is set:
 	// small pages cut the WAL bytes each scattered index update costs.
 	for _, p := range []string{pragmaBusyTimeout, pragmaPageSize} {

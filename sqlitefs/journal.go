@@ -23,23 +23,26 @@ const (
 const maxRejectedRaw = 256 << 10
 
 const (
+	// The identity index holds a 64-bit hash of the event ID, not the ID:
+	// three times as many entries per page, so a random insert splits
+	// pages a third as often. The ID itself is compared on the row.
 	insertJournalEvent = `INSERT INTO journal_events
-		(principal, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (principal, event_id) DO NOTHING`
+		(principal, id_hash, event_id, room_id, thread_id, target_id, kind, class, provenance, state, epoch, received_ms)
+		SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12
+		WHERE NOT EXISTS (SELECT 1 FROM journal_events WHERE principal = ?1 AND id_hash = ?2 AND event_id = ?3)`
 	insertPayload  = `INSERT INTO journal_payloads (seq, payload) VALUES (?, ?)`
 	selectRoom     = `SELECT id, epoch FROM rooms WHERE principal = ? AND room_id = ?`
 	insertRoom     = `INSERT INTO rooms (principal, room_id) VALUES (?, ?)`
-	selectThreadOf = `SELECT thread_id FROM journal_events WHERE principal = ? AND event_id = ? AND room_id = ?`
+	selectThreadOf = `SELECT thread_id FROM journal_events WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ?`
 	insertRejected = `INSERT INTO rejected_events
 		(principal, room_id, event_id, fingerprint, reason, raw, received_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (principal, fingerprint) DO NOTHING`
 	// Settling drops the payload through the journal_events_settled trigger.
 	settleEvent = `UPDATE journal_events SET state = 1
-		WHERE principal = ? AND event_id = ? AND state = 0`
+		WHERE principal = ? AND id_hash = ? AND event_id = ? AND state = 0`
 	settleEventInRoom = `UPDATE journal_events SET state = 1
-		WHERE principal = ? AND event_id = ? AND room_id = ? AND state = 0`
+		WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ? AND state = 0`
 	// A pending row without its payload reads as an empty payload, which
 	// the reader reports as unreadable rather than hiding.
 	selectPending = `SELECT j.seq, j.event_id, j.room_id, j.kind, j.epoch, coalesce(p.payload, '')
@@ -47,7 +50,7 @@ const (
 		WHERE j.principal = ? AND j.state = 0 AND j.seq > ?
 		ORDER BY j.seq LIMIT ?`
 	selectAdmittedThread = `SELECT thread_id FROM journal_events
-		WHERE principal = ? AND event_id = ? AND room_id = ?`
+		WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ?`
 )
 
 // Parsed is one inbound event after validation, which needs no database and
@@ -130,14 +133,14 @@ func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, ep
 	thread := ev.Thread
 	if ev.Kind == journal.KindEdit || ev.Kind == journal.KindReaction {
 		// A relation belongs to the thread of the event it relates to.
-		err := tx.queryRow(selectThreadOf, p.ID, ev.Target, ev.RoomID).Scan(&thread)
+		err := tx.queryRow(selectThreadOf, p.ID, IDHash(ev.Target), ev.Target, ev.RoomID).Scan(&thread)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, false, err
 		}
 	}
 	// Exec rather than RETURNING: a query in a transaction costs
 	// database/sql a goroutine, an insert does not.
-	r, err := tx.exec(insertJournalEvent, p.ID, ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
+	r, err := tx.exec(insertJournalEvent, p.ID, IDHash(ev.ID), ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
 		int(class), int(ev.Provenance), state, epoch, tx.nowMS())
 	if err != nil {
 		return 0, false, err
@@ -209,7 +212,7 @@ func peekEventID(raw json.RawMessage) string {
 func Settle(tx *Tx, p Principal, eventIDs []string) (int, error) {
 	n := 0
 	for _, id := range eventIDs {
-		r, err := tx.exec(settleEvent, p.ID, id)
+		r, err := tx.exec(settleEvent, p.ID, IDHash(id), id)
 		if err != nil {
 			return 0, fmt.Errorf("settle %s: %w", id, err)
 		}
@@ -277,7 +280,7 @@ func checkPayload(payload, eventID string) error {
 // thread key.
 func (db *DB) AdmittedThreadID(ctx context.Context, p Principal, room, eventID string) (string, bool, error) {
 	var thread string
-	err := db.Readers.QueryRowContext(ctx, selectAdmittedThread, p.ID, eventID, room).Scan(&thread)
+	err := db.Readers.QueryRowContext(ctx, selectAdmittedThread, p.ID, IDHash(eventID), eventID, room).Scan(&thread)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}

@@ -20,7 +20,7 @@ const (
 	selectDelivery = `SELECT ` + deliveryColumns + ` FROM delivery_outbox
 		WHERE principal = ? AND delivery_id = ? AND stage = ?`
 	selectRetiredStage = `SELECT 1 FROM delivery_outbox WHERE principal = ? AND delivery_id = ? AND state = 4 LIMIT 1`
-	selectSource       = `SELECT room_id, epoch FROM journal_events WHERE principal = ? AND event_id = ?`
+	selectSource       = `SELECT room_id, epoch FROM journal_events WHERE principal = ? AND id_hash = ? AND event_id = ?`
 	insertDelivery     = `INSERT INTO delivery_outbox
 		(principal, delivery_id, stage, room_id, thread_id, txn_id, turn_id, event_type, payload_json, epoch, state, created_ms, updated_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)`
@@ -119,7 +119,7 @@ func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.
 			room     string
 			srcEpoch int64
 		)
-		err := tx.queryRow(selectSource, p.ID, src).Scan(&room, &srcEpoch)
+		err := tx.queryRow(selectSource, p.ID, IDHash(src), src).Scan(&room, &srcEpoch)
 		if errors.Is(err, sql.ErrNoRows) || (err == nil && room != req.RoomID) {
 			return res, nil, fmt.Errorf("%w: %s in %s", journal.ErrUnknownSource, src, req.RoomID)
 		}

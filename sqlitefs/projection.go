@@ -18,7 +18,7 @@ const (
 	// room_id stands in for the visible row's room key.
 	selectVisibleByEvent = `SELECT v.seq, v.sender, ` + revisionIDColumn + `, v.revision_ts
 		FROM journal_events j JOIN visible_messages v ON v.seq = j.seq
-		WHERE j.principal = ? AND j.event_id = ? AND j.room_id = ?`
+		WHERE j.principal = ? AND j.id_hash = ? AND j.event_id = ? AND j.room_id = ?`
 	insertVisible = `INSERT INTO visible_messages
 		(seq, room, thread_id, event_id, sender, created_ts, revision_id, revision_ts, content_json, refresh_token, epoch)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
@@ -38,7 +38,7 @@ const (
 		RETURNING sender, edit_id, edit_ts, content_json`
 	clearHeldEdit     = `UPDATE unresolved_edits SET content_json = NULL WHERE principal = ? AND room_id = ? AND edit_id = ?`
 	selectJournalEdit = `SELECT target_id FROM journal_events
-		WHERE principal = ? AND event_id = ? AND room_id = ? AND kind = 3`
+		WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ? AND kind = 3`
 )
 
 // revisionIDColumn reads a visible row's revision: a stored ” means the
@@ -76,7 +76,7 @@ func settleIfRedacted(tx *Tx, p Principal, ev *journal.Event) error {
 	if err != nil || !dead {
 		return err
 	}
-	_, err = tx.exec(settleEventInRoom, p.ID, ev.ID, ev.RoomID)
+	_, err = tx.exec(settleEventInRoom, p.ID, IDHash(ev.ID), ev.ID, ev.RoomID)
 	return err
 }
 
@@ -97,7 +97,7 @@ type visibleRow struct {
 
 func visibleByEvent(tx *Tx, p Principal, room, eventID string) (visibleRow, bool, error) {
 	var v visibleRow
-	err := tx.queryRow(selectVisibleByEvent, p.ID, eventID, room).Scan(&v.seq, &v.sender, &v.revision.EventID, &v.revision.TS)
+	err := tx.queryRow(selectVisibleByEvent, p.ID, IDHash(eventID), eventID, room).Scan(&v.seq, &v.sender, &v.revision.EventID, &v.revision.TS)
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, false, nil
 	}
@@ -157,7 +157,7 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roo
 		if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
 			return err
 		}
-		_, err := tx.exec(settleEventInRoom, p.ID, ev.ID, ev.RoomID)
+		_, err := tx.exec(settleEventInRoom, p.ID, IDHash(ev.ID), ev.ID, ev.RoomID)
 		return err
 	}
 	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
@@ -242,7 +242,7 @@ func projectRedaction(tx *Tx, p Principal, ev *journal.Event, seq int64) error {
 		// A redacted edit: if it is the revision on screen, the body goes now
 		// and the row owes a refetch; a superseded edit changes nothing.
 		var logical string
-		err := tx.queryRow(selectJournalEdit, p.ID, target, room).Scan(&logical)
+		err := tx.queryRow(selectJournalEdit, p.ID, IDHash(target), target, room).Scan(&logical)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
@@ -262,7 +262,7 @@ func projectRedaction(tx *Tx, p Principal, ev *journal.Event, seq int64) error {
 		}
 	}
 	// A redacted source has nothing left to answer.
-	if _, err := tx.exec(settleEventInRoom, p.ID, target, room); err != nil {
+	if _, err := tx.exec(settleEventInRoom, p.ID, IDHash(target), target, room); err != nil {
 		return fmt.Errorf("settle redacted source: %w", err)
 	}
 	return nil

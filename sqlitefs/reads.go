@@ -50,7 +50,7 @@ const (
 		UNION ALL ` + pageIndex + ` AND (p.created_ts, p.event_id) < (?5, ?6)` + pageOrder
 	selectVisibleMessage = `SELECT ` + VisibleColumns + ` FROM journal_events j
 		JOIN visible_messages v ON v.seq = j.seq
-		WHERE j.principal = ? AND j.event_id = ? AND j.room_id = ?`
+		WHERE j.principal = ? AND j.id_hash = ? AND j.event_id = ? AND j.room_id = ?`
 	// selectLatestVisible reads the tail's rows and the index's newest; the
 	// newest of them all is the conversation's latest.
 	selectLatestVisible = `SELECT v.created_ts, v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL
@@ -253,7 +253,7 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	case thread != "":
 		// The replies are exhausted: the root closes the thread's last page,
 		// if it still fits.
-		root, visible, err := scanMessage(q.QueryRowContext(ctx, selectVisibleMessage, p.ID, thread, req.RoomID), req.RoomID)
+		root, visible, err := scanMessage(q.QueryRowContext(ctx, selectVisibleMessage, p.ID, IDHash(thread), thread, req.RoomID), req.RoomID)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:

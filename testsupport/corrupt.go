@@ -13,7 +13,7 @@ import (
 
 const corruptPayload = `UPDATE journal_payloads SET payload = ?
 	WHERE seq = (SELECT seq FROM journal_events
-		WHERE principal = (SELECT id FROM principals WHERE agent = ? AND user_id = ?) AND event_id = ?)`
+		WHERE principal = (SELECT id FROM principals WHERE agent = ? AND user_id = ?) AND id_hash = ? AND event_id = ?)`
 
 // MustCorruptPayload overwrites the stored payload of one of p's events in
 // the journal under dir with bytes that do not decode.
@@ -24,7 +24,7 @@ func MustCorruptPayload(tb testing.TB, dir string, p journal.Principal, eventID 
 		tb.Fatalf("open for corruption: %v", err)
 	}
 	defer db.Close()
-	r, err := db.Exec(corruptPayload, "\x00{not json", p.Agent, p.UserID, eventID)
+	r, err := db.Exec(corruptPayload, "\x00{not json", p.Agent, p.UserID, sqlitefs.IDHash(eventID), eventID)
 	if err != nil {
 		tb.Fatalf("corrupt %s: %v", eventID, err)
 	}
