@@ -2,26 +2,27 @@ package sqlitefs
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 )
 
-// Checkpoints run mostly off the writer's commit path: a checkpoint inside a
-// commit copies megabytes back into the file while every sender of that
-// batch waits. A separate connection copies frames passively, never
-// blocking the writer or a reader. Under sustained writes that copy never
-// finishes (the writer keeps appending), and the WAL only starts over after
-// a complete checkpoint, so the writer keeps an automatic checkpoint at a
-// high mark (wal_autocheckpoint, 64 MiB of WAL) as the backstop: when it
-// fires, the background passes have already copied most frames, it
-// completes, and the WAL restarts. That stall is the price of a bounded WAL.
+// Checkpoints run in one of two places. Under light load they run on the
+// writer's own connection between its batches (writer.Maintain): a
+// checkpoint beside a commit has its sync of the database file queue in
+// front of the commit's WAL sync, and that was the tail of command
+// latency; between batches it copies only what the last commits wrote,
+// completes, and the next transaction starts the WAL over. Under full load
+// the writer has no time to spare, so the copying moves to a connection of
+// its own (Checkpoint) on the other core, and the writer's automatic
+// checkpoint (wal_autocheckpoint) bounds the WAL as a backstop.
 const (
 	checkpointPassive  = `PRAGMA wal_checkpoint(PASSIVE)`
 	checkpointTruncate = `PRAGMA wal_checkpoint(TRUNCATE)`
 
 	// DefaultCheckpointInterval spaces checkpoints while commits keep
 	// coming: long enough to copy many commits' pages at once, short
-	// enough that the WAL stays small.
+	// enough that the WAL stays small and each checkpoint is short.
 	DefaultCheckpointInterval = 50 * time.Millisecond
 )
 
@@ -35,55 +36,32 @@ type CheckpointResult struct {
 	LogFrames, Checkpointed int
 }
 
-// Checkpoint copies committed WAL frames into the database file without
-// waiting for the writer or readers.
+// Checkpoint copies committed WAL frames into the database file on a
+// connection of its own, without waiting for the writer or readers.
 func (db *DB) Checkpoint(ctx context.Context) (CheckpointResult, error) {
-	return db.checkpoint(ctx, checkpointPassive)
+	return checkpoint(db.checkpointer.QueryRowContext(ctx, checkpointPassive))
+}
+
+// CheckpointOn copies committed WAL frames into the database file on conn,
+// the writer's connection with no transaction open.
+func CheckpointOn(ctx context.Context, conn *sql.Conn) (CheckpointResult, error) {
+	return checkpoint(conn.QueryRowContext(ctx, checkpointPassive))
 }
 
 // TruncateWAL checkpoints everything and empties the WAL file. It waits for
 // readers, so it is for shutdown, after the writer has stopped.
 func (db *DB) TruncateWAL(ctx context.Context) (CheckpointResult, error) {
-	return db.checkpoint(ctx, checkpointTruncate)
+	return checkpoint(db.Writer.QueryRowContext(ctx, checkpointTruncate))
 }
 
-func (db *DB) checkpoint(ctx context.Context, q string) (CheckpointResult, error) {
+func checkpoint(row *sql.Row) (CheckpointResult, error) {
 	var (
 		r    CheckpointResult
 		busy int
 	)
-	if err := db.checkpointer.QueryRowContext(ctx, q).Scan(&busy, &r.LogFrames, &r.Checkpointed); err != nil {
+	if err := row.Scan(&busy, &r.LogFrames, &r.Checkpointed); err != nil {
 		return r, fmt.Errorf("checkpoint: %w", err)
 	}
 	r.Busy = busy != 0
 	return r, nil
-}
-
-// RunCheckpoints checkpoints after commits, at most once per interval, until
-// ctx ends. commits is signalled after each commit; a burst of commits costs
-// one checkpoint. Errors go to onError and the loop goes on: a failed
-// checkpoint leaves the WAL longer, never loses data.
-func (db *DB) RunCheckpoints(ctx context.Context, commits <-chan struct{}, interval time.Duration, onError func(error)) {
-	if interval <= 0 {
-		interval = DefaultCheckpointInterval
-	}
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-commits:
-		}
-		// Let the burst this commit belongs to accumulate first.
-		t.Reset(interval)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := db.Checkpoint(ctx); err != nil && ctx.Err() == nil {
-			onError(err)
-		}
-	}
 }

@@ -54,8 +54,8 @@ const (
 	pragmaForeignKeys = `PRAGMA foreign_keys = ON`
 	pragmaBusyTimeout = `PRAGMA busy_timeout = 10000`
 	pragmaQueryOnly   = `PRAGMA query_only = ON`
-	// The writer's own checkpoint is the backstop that bounds the WAL; the
-	// background checkpointer (checkpoint.go) does most of the copying.
+	// The writer's automatic checkpoint is only the backstop that bounds the
+	// WAL; checkpoints between batches (checkpoint.go) do the copying.
 	pragmaAutocheckpt = `PRAGMA wal_autocheckpoint = 65536`
 	pragmaCacheSize   = `PRAGMA cache_size = -262144`
 	// The writer's cache stays small. Its reads of unchanged pages go
@@ -178,8 +178,8 @@ type DB struct {
 	Writer *sql.DB
 	// Readers is the query_only pool.
 	Readers *sql.DB
-	// checkpointer is the connection that copies the WAL back into the
-	// file, off the writer's commit path.
+	// checkpointer copies the WAL back into the file beside the writer
+	// when the writer is too busy to do it between batches.
 	checkpointer *sql.DB
 
 	// budget is the template each page's budget starts from.
@@ -265,13 +265,13 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 		return nil, err
 	}
 
+	if err := db.Readers.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("open readers: %w", err)
+	}
 	if db.checkpointer, err = sql.Open(writerDriver, dsn(path, false)); err != nil {
 		return nil, fmt.Errorf("open checkpointer: %w", err)
 	}
 	db.checkpointer.SetMaxOpenConns(1)
-	if err := db.Readers.PingContext(ctx); err != nil {
-		return nil, fmt.Errorf("open readers: %w", err)
-	}
 	if err := db.countTail(ctx); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package sqlitefs
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 )
 
@@ -10,14 +11,18 @@ import (
 // tail's entries in key order, so each conversation's newest leaf is
 // rewritten once per merge instead of once per commit.
 const (
+	// tailBoundary is the seq that ends a merge of at most ?1 tail rows,
+	// oldest first; NULL when there is no tail.
+	tailBoundary = `SELECT max(seq) FROM (SELECT seq FROM visible_messages
+		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		ORDER BY seq LIMIT ?)`
 	mergePageTail = `INSERT INTO visible_page (room, thread_id, created_ts, event_id, seq)
 		SELECT room, thread_id, created_ts, event_id, seq FROM visible_messages
-		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1) AND seq <= ?
 		ORDER BY room, thread_id, created_ts, event_id`
 	countUnmerged = `SELECT count(*) FROM visible_messages
 		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)`
-	advancePageMerged = `UPDATE visible_page_merged
-		SET upto = max(upto, (SELECT coalesce(max(seq), 0) FROM visible_messages)) WHERE id = 1`
+	advancePageMerged = `UPDATE visible_page_merged SET upto = ? WHERE id = 1`
 )
 
 // DefaultMaxUnmergedTail bounds the unmerged tail: admission merges it
@@ -25,10 +30,22 @@ const (
 // fewer pages per row; the bound is what a reader may scan besides its page.
 const DefaultMaxUnmergedTail = 4096
 
-// MergePageTail moves the unmerged tail into the page index and reports how
-// many rows it moved.
-func MergePageTail(tx *Tx) (int64, error) {
-	r, err := tx.exec(mergePageTail)
+// MergePageTail moves up to limit of the oldest unmerged rows into the page
+// index (all of them when limit <= 0) and reports how many it moved. A
+// bounded merge keeps the transaction that carries it short.
+func MergePageTail(tx *Tx, limit int) (int64, error) {
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	var boundary sql.NullInt64
+	if err := tx.queryRow(tailBoundary, limit).Scan(&boundary); err != nil {
+		return 0, fmt.Errorf("merge page tail: %w", err)
+	}
+	if !boundary.Valid {
+		tx.db.unmerged.Store(0)
+		return 0, nil
+	}
+	r, err := tx.exec(mergePageTail, boundary.Int64)
 	if err != nil {
 		return 0, fmt.Errorf("merge page tail: %w", err)
 	}
@@ -36,10 +53,12 @@ func MergePageTail(tx *Tx) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("merge page tail: %w", err)
 	}
-	if _, err := tx.exec(advancePageMerged); err != nil {
+	if _, err := tx.exec(advancePageMerged, boundary.Int64); err != nil {
 		return 0, fmt.Errorf("merge page tail: %w", err)
 	}
-	tx.db.unmerged.Store(0)
+	if left := tx.db.unmerged.Add(-n); left < 0 {
+		tx.db.unmerged.Store(0)
+	}
 	return n, nil
 }
 
@@ -48,13 +67,14 @@ func MergePageTail(tx *Tx) (int64, error) {
 // index itself.
 func (db *DB) Unmerged() int64 { return db.unmerged.Load() }
 
-// noteVisibleRow counts one new tail row and merges inline when the tail is
-// full, so a burst that never lets the writer idle still bounds it.
+// noteVisibleRow counts one new tail row and merges the whole tail inline
+// when it is full, so a burst that never lets the writer idle still bounds
+// it.
 func noteVisibleRow(tx *Tx) error {
 	if tx.db.unmerged.Add(1) < tx.db.maxUnmerged {
 		return nil
 	}
-	_, err := MergePageTail(tx)
+	_, err := MergePageTail(tx, 0)
 	return err
 }
 

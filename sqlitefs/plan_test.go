@@ -32,6 +32,7 @@ var hotQueries = map[string]struct {
 	"fence visible":       {fenceVisible, []any{1, "!r:x"}},
 	"fence visible tail":  {fenceVisibleTail, []any{1, "!r:x"}},
 	"unmerged tail":       {countUnmerged, nil},
+	"merge boundary":      {tailBoundary, []any{256}},
 	"fence outbox":        {fenceUnattempted, []any{int64(0), 1, "!r:x"}},
 	"owed report":         {selectOldestOwed, []any{1, "!r:x", int64(0)}},
 	"journal insert":      {insertJournalEvent, []any{1, IDHash("$e"), "$e", "!r:x", "", "", 1, 1, 1, 0, 0, int64(0)}},
@@ -94,7 +95,7 @@ func TestTheMergeReadsOnlyTheUnmergedTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	rows, err := db.Writer.QueryContext(ctx, "EXPLAIN QUERY PLAN "+mergePageTail)
+	rows, err := db.Writer.QueryContext(ctx, "EXPLAIN QUERY PLAN "+mergePageTail, 100)
 	if err != nil {
 		t.Fatalf("explain: %v", err)
 	}
@@ -108,7 +109,7 @@ func TestTheMergeReadsOnlyTheUnmergedTail(t *testing.T) {
 		}
 		plan = append(plan, detail)
 	}
-	if !slices.Contains(plan, "SEARCH visible_messages USING INTEGER PRIMARY KEY (rowid>?)") {
+	if !slices.Contains(plan, "SEARCH visible_messages USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)") {
 		t.Fatalf("the merge does not read the tail by its seq range:\n%s", strings.Join(plan, "\n"))
 	}
 }

@@ -150,9 +150,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	checkCtx, s.stopChecks = context.WithCancel(context.Background())
 	go func() {
 		defer close(s.checksDone)
-		db.RunCheckpoints(checkCtx, s.commits, opts.CheckpointInterval, func(err error) {
-			s.log.Warn().Err(err).Msg("Checkpoint failed; the WAL grows until one succeeds")
-		})
+		s.runCheckpoints(checkCtx, opts.CheckpointInterval)
 	}()
 	return s, nil
 }
@@ -196,15 +194,15 @@ func (s *Store) DB() *sqlitefs.DB { return s.db }
 // queued, then closes the database. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		// The merger goes first: it sends the writer commands.
+		// The background loops go first: they send the writer work.
 		s.stopMerges()
 		<-s.mergesDone
+		s.stopChecks()
+		<-s.checksDone
 		// Poison is queued behind every command already sent, so those
 		// commit first; the writer's stop flushes whatever batch is open.
 		s.system.Root.Poison(s.writer)
 		<-s.done
-		s.stopChecks()
-		<-s.checksDone
 		if s.Fatal() == nil {
 			// Leave the file whole and the WAL empty for the next open.
 			if _, err := s.db.TruncateWAL(context.Background()); err != nil {

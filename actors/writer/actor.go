@@ -142,6 +142,8 @@ func (a *writerActor) Receive(ctx actor.Context) {
 	case *flush:
 		a.flushQueued = false
 		a.flush(ctx)
+	case *Maintain:
+		a.maintain(ctx, m)
 	case *actor.Stopping:
 		// An orderly stop drains what was queued with one final commit.
 		a.flush(ctx)
@@ -156,6 +158,36 @@ func (a *writerActor) Receive(ctx actor.Context) {
 			a.deps.OnStopped(a.failed)
 		}
 	}
+}
+
+// maintain commits the open batch, then runs m on the idle connection.
+func (a *writerActor) maintain(ctx actor.Context, m *Maintain) {
+	a.flush(ctx)
+	err := a.failed
+	if err == nil {
+		if err = a.connect(); err == nil {
+			err = m.Run(a.conn)
+		}
+		if err != nil && a.deps.IsFatal(err) {
+			a.fail(ctx, fmt.Errorf("%s: %w", m.Name, err))
+			err = a.failed
+		}
+	}
+	if m.Reply != nil {
+		m.Reply <- err
+	}
+}
+
+// connect takes the writer's connection on first use and keeps it for life.
+func (a *writerActor) connect() error {
+	if a.conn != nil {
+		return nil
+	}
+	var err error
+	if a.conn, err = a.deps.DB.Conn(context.Background()); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	return nil
 }
 
 // fail stops the writer for a fault outside a batch transaction, failing
@@ -237,11 +269,8 @@ func (a *writerActor) control(query string) error {
 // for every query inside an *sql.Tx, and admission runs several queries per
 // event.
 func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hint, err error) {
-	bg := context.Background()
-	if a.conn == nil {
-		if a.conn, err = a.deps.DB.Conn(bg); err != nil {
-			return nil, nil, fmt.Errorf("connect: %w", err)
-		}
+	if err := a.connect(); err != nil {
+		return nil, nil, err
 	}
 	if err := a.control(beginImmediate); err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", err)
@@ -295,6 +324,27 @@ func (a *writerActor) runOne(tx *Tx, cmd *Execute) (*Executed, error) {
 		return nil, fmt.Errorf("release savepoint: %w", err)
 	}
 	return &Executed{Result: result, Err: cmdErr}, nil
+}
+
+// RequestMaintenance sends m to the writer at pid and waits for Run's
+// error, for ctx, or for the writer to stop, whichever comes first.
+func RequestMaintenance(ctx context.Context, root *actor.RootContext, pid *actor.PID, m *Maintain, done <-chan struct{}) error {
+	reply := make(chan error, 1)
+	m.Reply = reply
+	root.Send(pid, m)
+	select {
+	case err := <-reply:
+		return err
+	case <-done:
+		select {
+		case err := <-reply:
+			return err
+		default:
+			return ErrStopped
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Request sends cmd to the writer at pid and waits for its reply, for ctx, or

@@ -73,6 +73,21 @@ type Executed struct {
 	Err    error
 }
 
+// Maintain asks the writer to run Run on its connection between batches,
+// outside any transaction: the batch open when it arrives commits first,
+// and the next begins after Run returns. It is for work that must not
+// overlap a commit, such as a WAL checkpoint, whose file syncs would
+// otherwise queue behind (and in front of) the commits' own.
+type Maintain struct {
+	// Name labels the work in logs.
+	Name string
+	// Run is the work; its error is the reply. A fatal error (Deps.IsFatal)
+	// stops the writer as a storage fault would.
+	Run func(conn *sql.Conn) error
+	// Reply, when set, receives Run's error. It must have room for one value.
+	Reply chan<- error
+}
+
 // flush is the self-sent marker that closes a batch: commands already queued
 // when the batch opened arrive before it and join the batch.
 type flush struct{}
