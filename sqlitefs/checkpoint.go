@@ -23,7 +23,7 @@ const (
 	// DefaultCheckpointInterval spaces checkpoints while commits keep
 	// coming: long enough to copy many commits' pages at once, short
 	// enough that the WAL stays small and each checkpoint is short.
-	DefaultCheckpointInterval = 50 * time.Millisecond
+	DefaultCheckpointInterval = 25 * time.Millisecond
 )
 
 // CheckpointResult is what one checkpoint reported.

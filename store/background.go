@@ -65,7 +65,7 @@ func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 // merging cheap, and the background has little left to do.
 const (
 	DefaultMergeDelay = 100 * time.Millisecond
-	MergeChunk        = 256
+	MergeChunk        = 64
 )
 
 // runMerges merges the page index's unmerged tail, a chunk at a time, a

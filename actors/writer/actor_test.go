@@ -720,3 +720,262 @@ func TestWriterSkipsCommandWhoseCallerGaveUp(t *testing.T) {
 		t.Errorf("its batch neighbour was not committed")
 	}
 }
+
+// maintain queues a Maintain in the writer's mailbox now, like send, and
+// returns the channel Run's error will arrive on.
+func (h *harness) maintain(name string, run func(conn *sql.Conn) error) <-chan error {
+	reply := make(chan error, 1)
+	h.root.Send(h.pid, &writer.Maintain{Name: name, Run: run, Reply: reply})
+	return reply
+}
+
+// awaitErr returns the error on ch or fails the test at the deadline.
+func (h *harness) awaitErr(name string, ch <-chan error) error {
+	h.t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-h.ctx.Done():
+		h.t.Fatalf("no reply to %s: %v", name, h.ctx.Err())
+		return nil
+	}
+}
+
+func TestMaintenanceRunsBetweenBatchesOutsideATransaction(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, gateReply := h.gate()
+
+	// Mailbox: A, B, M, C. A and B open a batch whose flush marker lands
+	// behind C, so only M can commit them before Run.
+	a := h.send("A", insert("a"))
+	b := h.send("B", insert("b"))
+	var inside struct {
+		conn                   *sql.Conn
+		repliedA, repliedB     bool
+		visibleA, visibleB     bool
+		visibleC               bool
+		beginErr, rollbackErr  error
+		checkpointErr, readErr error
+	}
+	m := h.maintain("M", func(conn *sql.Conn) error {
+		inside.conn = conn
+		inside.repliedA, inside.repliedB = len(a) == 1, len(b) == 1
+		for _, row := range []struct {
+			k       string
+			visible *bool
+		}{{"a", &inside.visibleA}, {"b", &inside.visibleB}, {"c", &inside.visibleC}} {
+			var n int
+			if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, row.k).Scan(&n); err != nil && inside.readErr == nil {
+				inside.readErr = err
+			}
+			*row.visible = n == 1
+		}
+		// A checkpoint on a connection inside a transaction fails with
+		// "database table is locked"; BEGIN inside one fails outright.
+		_, inside.checkpointErr = sqlitefs.CheckpointOn(h.ctx, conn)
+		if _, inside.beginErr = conn.ExecContext(h.ctx, `BEGIN`); inside.beginErr == nil {
+			_, inside.rollbackErr = conn.ExecContext(h.ctx, `ROLLBACK`)
+		}
+		return nil
+	})
+	c := h.send("C", insert("c"))
+	release()
+
+	if r := h.await("gate", gateReply); r.Err != nil {
+		t.Fatalf("gate: %v", r.Err)
+	}
+	if err := h.awaitErr("M", m); err != nil {
+		t.Fatalf("maintenance: got %v, want nil", err)
+	}
+	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
+	for name, r := range map[string]*writer.Executed{"A": ra, "B": rb, "C": rc} {
+		if r.Err != nil {
+			t.Fatalf("%s: got error %v, want nil", name, r.Err)
+		}
+	}
+
+	if inside.readErr != nil {
+		t.Fatalf("reader inside maintenance: %v", inside.readErr)
+	}
+	if !inside.repliedA || !inside.repliedB {
+		t.Errorf("replies to A, B when maintenance ran: got %v, %v, want both sent", inside.repliedA, inside.repliedB)
+	}
+	if !inside.visibleA || !inside.visibleB {
+		t.Errorf("A, B visible to a reader when maintenance ran: got %v, %v, want both committed", inside.visibleA, inside.visibleB)
+	}
+	if inside.visibleC {
+		t.Errorf("C, sent after the maintenance, was committed before it ran")
+	}
+	if inside.checkpointErr != nil {
+		t.Errorf("checkpoint inside maintenance: %v", inside.checkpointErr)
+	}
+	if inside.beginErr != nil || inside.rollbackErr != nil {
+		t.Errorf("BEGIN/ROLLBACK inside maintenance: got %v, %v, want no transaction open", inside.beginErr, inside.rollbackErr)
+	}
+
+	txA, txB, txC := txOf(t, "A", ra), txOf(t, "B", rb), txOf(t, "C", rc)
+	if txA != txB {
+		t.Errorf("A and B ran in different transactions; want the one batch open when M arrived")
+	}
+	if txC == txA {
+		t.Errorf("C joined the batch committed before the maintenance")
+	}
+	if inside.conn == nil || inside.conn != txC.Conn() {
+		t.Errorf("maintenance ran on %p, want the writer's connection %p", inside.conn, txC.Conn())
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if !h.present(k) {
+			t.Errorf("row %q not committed", k)
+		}
+	}
+	select {
+	case <-h.done:
+		t.Fatalf("writer stopped after a successful maintenance: %v", h.stopErr())
+	default:
+	}
+}
+
+func TestAFatalMaintenanceErrorStopsTheWriter(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	if _, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "before", Run: insert("before")}, h.done); err != nil {
+		t.Fatalf("command before the maintenance: %v", err)
+	}
+
+	ioErr := sqlite3.Error{Code: sqlite3.ErrIoErr}
+	if !sqlitefs.IsFatal(ioErr) {
+		t.Fatalf("test setup: IsFatal(%v) is false", ioErr)
+	}
+	err := writer.RequestMaintenance(h.ctx, h.root, h.pid, &writer.Maintain{
+		Name: "checkpoint",
+		Run:  func(*sql.Conn) error { return ioErr },
+	}, h.done)
+	var fe *writer.FatalError
+	if !errors.As(err, &fe) {
+		t.Fatalf("RequestMaintenance: got %v (%T), want *writer.FatalError", err, err)
+	}
+	var se sqlite3.Error
+	if !errors.As(err, &se) || se.Code != sqlite3.ErrIoErr {
+		t.Errorf("RequestMaintenance: got %v, want it to wrap SQLITE_IOERR", err)
+	}
+
+	stopErr := h.stopErr()
+	if !errors.As(stopErr, &fe) {
+		t.Fatalf("OnStopped: got %v (%T), want *writer.FatalError, not an orderly stop", stopErr, stopErr)
+	}
+	if !errors.As(stopErr, &se) || se.Code != sqlite3.ErrIoErr {
+		t.Errorf("OnStopped: got %v, want it to wrap SQLITE_IOERR", stopErr)
+	}
+
+	_, err = writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "later", Run: insert("later")}, h.done)
+	if !errors.Is(err, writer.ErrStopped) && !errors.As(err, &fe) {
+		t.Errorf("command after the fatal maintenance: got %v, want %v or a *writer.FatalError", err, writer.ErrStopped)
+	}
+	if !h.present("before") {
+		t.Errorf("row committed before the maintenance is gone")
+	}
+	if h.present("later") {
+		t.Errorf("a stopped writer committed a command")
+	}
+}
+
+func TestAnOrdinaryMaintenanceErrorIsOnlyItsReply(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+
+	refused := errors.New("maintenance refused")
+	err := writer.RequestMaintenance(h.ctx, h.root, h.pid, &writer.Maintain{
+		Name: "refuses",
+		Run:  func(*sql.Conn) error { return refused },
+	}, h.done)
+	if !errors.Is(err, refused) {
+		t.Fatalf("RequestMaintenance: got %v, want %v", err, refused)
+	}
+	var fe *writer.FatalError
+	if errors.As(err, &fe) {
+		t.Fatalf("RequestMaintenance: got a *writer.FatalError %v for an ordinary error", err)
+	}
+
+	// A statement that fails in SQLite but does not poison anything.
+	err = writer.RequestMaintenance(h.ctx, h.root, h.pid, &writer.Maintain{
+		Name: "bad statement",
+		Run: func(conn *sql.Conn) error {
+			_, err := conn.ExecContext(h.ctx, `DELETE FROM no_such_table`)
+			return err
+		},
+	}, h.done)
+	var se sqlite3.Error
+	if !errors.As(err, &se) || sqlitefs.IsFatal(err) {
+		t.Fatalf("RequestMaintenance: got %v, want an ordinary SQLite error", err)
+	}
+	if errors.As(err, &fe) {
+		t.Fatalf("RequestMaintenance: got a *writer.FatalError %v for an ordinary SQLite error", err)
+	}
+
+	if _, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "after", Run: insert("after")}, h.done); err != nil {
+		t.Fatalf("command after the failed maintenance: %v", err)
+	}
+	if !h.present("after") {
+		t.Errorf("row %q not committed after the failed maintenance", "after")
+	}
+	if err := writer.RequestMaintenance(h.ctx, h.root, h.pid, &writer.Maintain{
+		Name: "checkpoint",
+		Run: func(conn *sql.Conn) error {
+			_, err := sqlitefs.CheckpointOn(h.ctx, conn)
+			return err
+		},
+	}, h.done); err != nil {
+		t.Errorf("maintenance after the failed one: %v", err)
+	}
+	select {
+	case <-h.done:
+		t.Fatalf("writer stopped after an ordinary maintenance error: %v", h.stopErr())
+	default:
+	}
+}
+
+func TestMaintenanceAfterTheWriterFailedRepliesTheFailureWithoutRunning(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+
+	// Mailbox: F, M. F opens a batch whose flush marker lands behind M, so
+	// M's own flush commits F's batch, which fails the writer before Run.
+	f := h.send("F", func(tx *writer.Tx) (any, error) {
+		return nil, sqlite3.Error{Code: sqlite3.ErrFull}
+	})
+	ran := false
+	m := h.maintain("M", func(*sql.Conn) error {
+		ran = true
+		return nil
+	})
+	release()
+
+	rf := h.await("F", f)
+	var fe *writer.FatalError
+	if !errors.As(rf.Err, &fe) {
+		t.Fatalf("F: got %v (%T), want *writer.FatalError", rf.Err, rf.Err)
+	}
+	err := h.awaitErr("M", m)
+	if !errors.Is(err, rf.Err) {
+		t.Errorf("maintenance after the failure: got %v, want the writer's failure %v", err, rf.Err)
+	}
+	if ran {
+		t.Errorf("maintenance ran on a failed writer")
+	}
+	if stopErr := h.stopErr(); !errors.Is(stopErr, rf.Err) {
+		t.Errorf("OnStopped: got %v, want the writer's failure %v", stopErr, rf.Err)
+	}
+}
+
+func TestAPanickingMaintenanceStopsTheWriterWithAFault(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	err := writer.RequestMaintenance(h.ctx, h.root, h.pid, &writer.Maintain{
+		Name: "panics",
+		Run:  func(*sql.Conn) error { panic("injected maintenance fault") },
+	}, h.done)
+	var fe *writer.FatalError
+	if err == nil || !(errors.Is(err, writer.ErrStopped) || errors.As(err, &fe)) {
+		t.Errorf("RequestMaintenance: got %v, want %v or a *writer.FatalError", err, writer.ErrStopped)
+	}
+	if stopErr := h.stopErr(); !errors.As(stopErr, &fe) {
+		t.Fatalf("OnStopped: got %v (%T), want *writer.FatalError, not an orderly stop", stopErr, stopErr)
+	}
+}
