@@ -160,15 +160,14 @@ func (a *writerActor) Receive(ctx actor.Context) {
 	}
 }
 
-// maintain commits the open batch, then runs m on the idle connection.
+// maintain commits the open batch, then runs m on the idle connection. A
+// fatal error or a panic in m stops the writer; either way m is answered.
 func (a *writerActor) maintain(ctx actor.Context, m *Maintain) {
 	a.flush(ctx)
 	err := a.failed
 	if err == nil {
-		if err = a.connect(); err == nil {
-			err = m.Run(a.conn)
-		}
-		if err != nil && a.deps.IsFatal(err) {
+		var fatal bool
+		if fatal, err = a.runMaintenance(m); fatal {
 			a.fail(ctx, fmt.Errorf("%s: %w", m.Name, err))
 			err = a.failed
 		}
@@ -176,6 +175,20 @@ func (a *writerActor) maintain(ctx actor.Context, m *Maintain) {
 	if m.Reply != nil {
 		m.Reply <- err
 	}
+}
+
+// runMaintenance runs m, reporting whether its error must stop the writer.
+func (a *writerActor) runMaintenance(m *Maintain) (fatal bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fatal, err = true, fmt.Errorf("panic: %v", r)
+		}
+	}()
+	if err := a.connect(); err != nil {
+		return true, err
+	}
+	err = m.Run(a.conn)
+	return err != nil && a.deps.IsFatal(err), err
 }
 
 // connect takes the writer's connection on first use and keeps it for life.
