@@ -32,6 +32,7 @@ var hotQueries = map[string]struct {
 	"fence visible":       {fenceVisible, []any{1, "!r:x"}},
 	"fence visible tail":  {fenceVisibleTail, []any{1, "!r:x"}},
 	"unmerged tail":       {countUnmerged, nil},
+	"original probe":      {probeOriginal, []any{1, "!r:x", "$e"}},
 	"merge boundary":      {tailBoundary, []any{256}},
 	"fence outbox":        {fenceUnattempted, []any{int64(0), 1, "!r:x"}},
 	"owed report":         {selectOldestOwed, []any{1, "!r:x", int64(0)}},

@@ -10,6 +10,11 @@ import (
 
 const (
 	selectTombstone = `SELECT 1 FROM redaction_tombstones WHERE principal = ? AND room_id = ? AND event_id = ?`
+	// Both are rare for an arriving original, so one probe asks for both
+	// and the common case costs one statement, not two.
+	probeOriginal = `SELECT
+		EXISTS (SELECT 1 FROM redaction_tombstones WHERE principal = ?1 AND room_id = ?2 AND event_id = ?3),
+		EXISTS (SELECT 1 FROM unresolved_edits WHERE principal = ?1 AND room_id = ?2 AND target_id = ?3)`
 	insertTombstone = `INSERT INTO redaction_tombstones (principal, room_id, event_id, redaction_seq)
 		VALUES (?, ?, ?, ?) ON CONFLICT (principal, room_id, event_id) DO NOTHING`
 	// The visible row of a logical event is found through the journal's
@@ -147,8 +152,8 @@ func takeHeldEdits(tx *Tx, p Principal, room, target string) (map[string]heldEdi
 }
 
 func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roomRef) error {
-	dead, err := tombstoned(tx, p, ev.RoomID, ev.ID)
-	if err != nil {
+	var dead, anyHeld bool
+	if err := tx.queryRow(probeOriginal, p.ID, ev.RoomID, ev.ID).Scan(&dead, &anyHeld); err != nil {
 		return err
 	}
 	if dead {
@@ -162,17 +167,19 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roo
 	}
 	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
 	content := []byte(ev.Content)
-	// Every edit held for this target goes now; only the author's own may
-	// apply, and only if it is newer.
-	held, err := takeHeldEdits(tx, p, ev.RoomID, ev.ID)
-	if err != nil {
-		return err
-	}
-	if h, ok := held[ev.Sender]; ok && h.revision.After(revision) {
-		revision, content = h.revision, h.body // a redacted held edit has no body: it owes a refetch
+	if anyHeld {
+		// Every edit held for this target goes now; only the author's own
+		// may apply, and only if it is newer.
+		held, err := takeHeldEdits(tx, p, ev.RoomID, ev.ID)
+		if err != nil {
+			return err
+		}
+		if h, ok := held[ev.Sender]; ok && h.revision.After(revision) {
+			revision, content = h.revision, h.body // a redacted held edit has no body: it owes a refetch
+		}
 	}
 	body, refresh := visibleBody(content, seq)
-	if _, err = tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
+	if _, err := tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
 		storedRevisionID(revision, ev.ID), revision.TS, body, refresh, room.epoch); err != nil {
 		return err
 	}
