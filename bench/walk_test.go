@@ -23,15 +23,18 @@ const (
 	floorPageHead  = sqlitefs.PageQueryHead
 	floorPageAfter = sqlitefs.PageQueryAfter
 	// disjunctivePageAfter is the spelling DESIGN.md §6 warns against: the
-	// same rows, but the planner cannot bound the index range with it.
+	// same rows, but the planner cannot bound the index range with it. Its
+	// three comparisons take three placeholders, as positional parameters
+	// are written; given one parameter twice, SQLite would merge "a < ?5
+	// OR a = ?5" into a range and hide the difference.
 	disjunctivePageAfter = `SELECT 0, ` + sqlitefs.VisibleColumns + ` FROM visible_messages v
 		WHERE v.seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
 		AND v.room = (SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2) AND v.thread_id = ?3 AND v.event_id <> ?3
-		AND (v.created_ts < ?5 OR (v.created_ts = ?5 AND v.event_id < ?6))
+		AND (v.created_ts < ?5 OR (v.created_ts = ?7 AND v.event_id < ?6))
 		UNION ALL SELECT * FROM (SELECT 1, ` + sqlitefs.VisibleColumns + `
 		FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
 		WHERE p.room = (SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2) AND p.thread_id = ?3 AND p.event_id <> ?3
-		AND (p.created_ts < ?5 OR (p.created_ts = ?5 AND p.event_id < ?6))
+		AND (p.created_ts < ?5 OR (p.created_ts = ?7 AND p.event_id < ?6))
 		ORDER BY p.created_ts DESC, p.event_id DESC LIMIT ?4)`
 )
 
@@ -183,7 +186,7 @@ func checkFloorMatchesReader(ctx context.Context, f *floor, v journal.Conversati
 			return err
 		},
 		"disjunctive": func(ps *pageScanner) error {
-			_, _, err := ps.page(ctx, f.disjunctive, limit, pid, room, "", limit+1, cur.CreatedTS, cur.EventID)
+			_, _, err := ps.page(ctx, f.disjunctive, limit, pid, room, "", limit+1, cur.CreatedTS, cur.EventID, cur.CreatedTS)
 			return err
 		},
 	} {
@@ -372,7 +375,7 @@ func BenchmarkDeepPage(b *testing.B) {
 				}},
 				{"disjunctive", func() (int, error) {
 					read, _, err := ps.page(ctx, env.floor.disjunctive, limit, env.pid, env.room, "",
-						limit+1, cur.CreatedTS, cur.EventID)
+						limit+1, cur.CreatedTS, cur.EventID, cur.CreatedTS)
 					return read, err
 				}},
 				{"reader", func() (int, error) {

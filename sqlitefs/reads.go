@@ -63,31 +63,57 @@ const (
 		ORDER BY p.created_ts DESC, p.event_id DESC LIMIT 1)`
 )
 
-// scanMessage reads one visible row after the leading columns in lead; it
-// reports false for a row without a body (owing a refetch). Content is
-// scanned straight into its own bytes.
-func scanMessage(row interface{ Scan(...any) error }, room string, lead ...any) (journal.Message, bool, error) {
-	var (
-		m       journal.Message
-		thread  string
-		content sql.NullString
-	)
-	if err := row.Scan(append(lead, &m.EventID, &thread, &m.Sender, &m.CreatedTS, &m.RevisionID, &m.RevisionTS, &content)...); err != nil {
-		return m, false, err
+// scanMessage reads one visible row; it reports false for a row without a
+// body (owing a refetch).
+func scanMessage(row interface{ Scan(...any) error }, room string) (journal.Message, bool, error) {
+	var r rowScratch
+	if err := row.Scan(r.targets(false)...); err != nil {
+		return journal.Message{}, false, err
 	}
-	m.RoomID, m.Thread = room, journal.DecodeThread(thread)
-	if content.Valid {
-		// The driver allocated this string for this row alone and nothing
-		// else refers to it, so the message takes its bytes instead of a
-		// second copy: the copy was a fifth of a page walk's cost.
-		m.Content = unsafe.Slice(unsafe.StringData(content.String), len(content.String))
+	m, visible := r.message(room)
+	return m, visible, nil
+}
+
+// rowScratch is where one visible row is scanned. A page reuses one, so a
+// row costs the driver's own allocations and nothing more.
+type rowScratch struct {
+	src                     int
+	eventID, thread, sender string
+	revisionID              string
+	createdTS, revisionTS   int64
+	content                 sql.NullString
+	dest                    []any
+}
+
+// targets returns the scan destinations, after a leading source column
+// when withSource is set.
+func (r *rowScratch) targets(withSource bool) []any {
+	if r.dest == nil {
+		r.dest = []any{&r.src, &r.eventID, &r.thread, &r.sender, &r.createdTS, &r.revisionID, &r.revisionTS, &r.content}
 	}
-	return m, content.Valid, nil
+	if withSource {
+		return r.dest
+	}
+	return r.dest[1:]
+}
+
+// message builds the scanned row's message. Content takes the driver's
+// string bytes instead of a second copy: nothing else refers to them, and
+// the copy was a fifth of a page walk's cost.
+func (r *rowScratch) message(room string) (journal.Message, bool) {
+	m := journal.Message{
+		EventID: r.eventID, RoomID: room, Thread: journal.DecodeThread(r.thread), Sender: r.sender,
+		CreatedTS: r.createdTS, RevisionID: r.revisionID, RevisionTS: r.revisionTS,
+	}
+	if r.content.Valid {
+		m.Content = unsafe.Slice(unsafe.StringData(r.content.String), len(r.content.String))
+	}
+	return m, r.content.Valid
 }
 
 // newer orders messages as pages do: by creation time, then event ID in
 // byte order, exactly as the SQL row value compares them.
-func newer(a, b journal.Message) bool {
+func newer(a, b *journal.Message) bool {
 	if a.CreatedTS != b.CreatedTS {
 		return a.CreatedTS > b.CreatedTS
 	}
@@ -103,11 +129,12 @@ type scanned struct {
 // pageScan yields a page query's rows newest first, merging the unmerged
 // tail's rows (which arrive first, unordered) into the index's.
 type pageScan struct {
-	rows    *sql.Rows
-	room    string
-	tail    []scanned // newest first
-	peek    *scanned  // the next index row, read ahead
-	started bool
+	rows              *sql.Rows
+	room              string
+	scratch           rowScratch
+	tail              []scanned // newest first
+	peek              scanned   // the next index row, read ahead, when havePeek
+	havePeek, started bool
 }
 
 // next returns the next row newest first; ok is false at the end.
@@ -118,21 +145,21 @@ func (s *pageScan) next() (r scanned, ok bool, err error) {
 			return r, false, err
 		}
 		slices.SortFunc(s.tail, func(a, b scanned) int {
-			if newer(a.m, b.m) {
+			if newer(&a.m, &b.m) {
 				return -1
 			}
 			return 1
 		})
 	}
-	if s.peek == nil {
+	if !s.havePeek {
 		if err := s.fill(); err != nil {
 			return r, false, err
 		}
 	}
 	switch {
-	case s.peek != nil && (len(s.tail) == 0 || newer(s.peek.m, s.tail[0].m)):
-		r, s.peek = *s.peek, nil
-		return r, true, nil
+	case s.havePeek && (len(s.tail) == 0 || newer(&s.peek.m, &s.tail[0].m)):
+		s.havePeek = false
+		return s.peek, true, nil
 	case len(s.tail) > 0:
 		r, s.tail = s.tail[0], s.tail[1:]
 		return r, true, nil
@@ -143,17 +170,17 @@ func (s *pageScan) next() (r scanned, ok bool, err error) {
 // fill reads rows until it holds the next index row or the rows end; tail
 // rows met on the way are collected.
 func (s *pageScan) fill() error {
-	for s.peek == nil && s.rows.Next() {
-		var src int
-		m, visible, err := scanMessage(s.rows, s.room, &src)
-		if err != nil {
+	dest := s.scratch.targets(true)
+	for !s.havePeek && s.rows.Next() {
+		if err := s.rows.Scan(dest...); err != nil {
 			return err
 		}
-		if src == 0 {
+		m, visible := s.scratch.message(s.room)
+		if s.scratch.src == 0 {
 			s.tail = append(s.tail, scanned{m, visible})
 			continue
 		}
-		s.peek = &scanned{m, visible}
+		s.peek, s.havePeek = scanned{m, visible}, true
 	}
 	return s.rows.Err()
 }
@@ -303,7 +330,7 @@ func (db *DB) LatestVisibleEventID(ctx context.Context, p Principal, room string
 			rows.Close()
 			return "", false, fmt.Errorf("read latest event: %w", err)
 		}
-		if !found || newer(m, latest) {
+		if !found || newer(&m, &latest) {
 			latest, logical, revision, bodyless, found = m, m.EventID, rev, none, true
 		}
 	}
