@@ -45,8 +45,10 @@ func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 		} else {
 			err = writer.RequestMaintenance(ctx, s.system.Root, s.writer, &writer.Maintain{
 				Name: "checkpoint",
+				// Never interrupted: it runs on the writer's connection, and
+				// Close checkpoints everything after the writer stops anyway.
 				Run: func(conn *sql.Conn) error {
-					_, err := sqlitefs.CheckpointOn(ctx, conn)
+					_, err := sqlitefs.CheckpointOn(context.Background(), conn)
 					return err
 				},
 			}, s.done)
