@@ -65,7 +65,7 @@ const (
 	// parks a page at the 1 GiB lock-byte page number, which COMMIT then
 	// truncates away): with 256 MiB of 1 KiB pages that walk was a fifth
 	// of the writer's time.
-	pragmaWriterCache = `PRAGMA cache_size = -8192`
+	pragmaWriterCache = `PRAGMA cache_size = -4096`
 	pragmaTempMemory  = `PRAGMA temp_store = MEMORY`
 	// Reading pages through a memory map skips a pread syscall per page,
 	// which dominates B-tree descents into a cold cache.
