@@ -32,10 +32,9 @@ const (
 	// The merged rows are found through the page index, the unmerged tail
 	// by its seq range; the delete trigger takes their index entries.
 	fenceVisible = `DELETE FROM visible_messages WHERE seq IN
-		(SELECT seq FROM visible_page WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?))`
+		(SELECT seq FROM visible_page WHERE room = (` + roomKeyOf + `))`
 	fenceVisibleTail = `DELETE FROM visible_messages
-		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
-		AND room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?)`
+		WHERE seq > ` + mergedUpto + ` AND room = (` + roomKeyOf + `)`
 	fenceHeldEdits       = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ?`
 	fenceTombstones      = `DELETE FROM redaction_tombstones WHERE principal = ? AND room_id = ?`
 	fenceUnattempted     = `UPDATE delivery_outbox SET state = 4, updated_ms = ? WHERE principal = ? AND room_id = ? AND state = 0`

@@ -11,17 +11,18 @@ import (
 // tail's entries in key order, so each conversation's newest leaf is
 // rewritten once per merge instead of once per commit.
 const (
+	// mergedUpto is the seq up to which visible rows are in the page index.
+	mergedUpto = `(SELECT upto FROM visible_page_merged WHERE id = 1)`
 	// tailBoundary is the seq that ends a merge of at most ?1 tail rows,
 	// oldest first; NULL when there is no tail.
 	tailBoundary = `SELECT max(seq) FROM (SELECT seq FROM visible_messages
-		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+		WHERE seq > ` + mergedUpto + `
 		ORDER BY seq LIMIT ?)`
 	mergePageTail = `INSERT INTO visible_page (room, thread_id, created_ts, event_id, seq)
 		SELECT room, thread_id, created_ts, event_id, seq FROM visible_messages
-		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1) AND seq <= ?
+		WHERE seq > ` + mergedUpto + ` AND seq <= ?
 		ORDER BY room, thread_id, created_ts, event_id`
-	countUnmerged = `SELECT count(*) FROM visible_messages
-		WHERE seq > (SELECT upto FROM visible_page_merged WHERE id = 1)`
+	countUnmerged     = `SELECT count(*) FROM visible_messages WHERE seq > ` + mergedUpto
 	advancePageMerged = `UPDATE visible_page_merged SET upto = ? WHERE id = 1`
 )
 

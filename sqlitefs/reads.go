@@ -35,14 +35,17 @@ const (
 	// roomKeyOf finds a room's key from (principal, room ID); as a scalar
 	// subquery it runs once per statement, not once per row.
 	roomKeyOf = `SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2`
-	// A thread page leaves its root out: the root closes the last page.
-	pageTail = `SELECT 0, ` + VisibleColumns + ` FROM visible_messages v
-		WHERE v.seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
+	// tailRows are a conversation's unmerged rows, indexRows its rows in
+	// the page index; both leave a thread's root out, for the root closes
+	// the thread's last page.
+	tailRows = `FROM visible_messages v WHERE v.seq > ` + mergedUpto + `
 		AND v.room = (` + roomKeyOf + `) AND v.thread_id = ?3 AND v.event_id <> ?3`
-	pageIndex = `SELECT * FROM (SELECT 1, ` + VisibleColumns + `
-		FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
+	indexRows = `FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
 		WHERE p.room = (` + roomKeyOf + `) AND p.thread_id = ?3 AND p.event_id <> ?3`
-	pageOrder = ` ORDER BY p.created_ts DESC, p.event_id DESC LIMIT ?4)`
+	newestFirst = ` ORDER BY p.created_ts DESC, p.event_id DESC`
+	pageTail    = `SELECT 0, ` + VisibleColumns + ` ` + tailRows
+	pageIndex   = `SELECT * FROM (SELECT 1, ` + VisibleColumns + ` ` + indexRows
+	pageOrder   = newestFirst + ` LIMIT ?4)`
 	// PageQueryHead reads the newest page of a conversation.
 	PageQueryHead = pageTail + ` UNION ALL ` + pageIndex + pageOrder
 	// PageQueryAfter reads the page older than a cursor.
@@ -53,14 +56,9 @@ const (
 		WHERE j.principal = ? AND j.id_hash = ? AND j.event_id = ? AND j.room_id = ?`
 	// selectLatestVisible reads the tail's rows and the index's newest; the
 	// newest of them all is the conversation's latest.
-	selectLatestVisible = `SELECT v.created_ts, v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL
-		FROM visible_messages v
-		WHERE v.seq > (SELECT upto FROM visible_page_merged WHERE id = 1)
-		AND v.room = (` + roomKeyOf + `) AND v.thread_id = ?3 AND v.event_id <> ?3
-		UNION ALL SELECT * FROM (SELECT v.created_ts, v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL
-		FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
-		WHERE p.room = (` + roomKeyOf + `) AND p.thread_id = ?3 AND p.event_id <> ?3
-		ORDER BY p.created_ts DESC, p.event_id DESC LIMIT 1)`
+	latestColumns       = `v.created_ts, v.event_id, ` + revisionIDColumn + `, v.content_json IS NULL`
+	selectLatestVisible = `SELECT ` + latestColumns + ` ` + tailRows + `
+		UNION ALL SELECT * FROM (SELECT ` + latestColumns + ` ` + indexRows + newestFirst + ` LIMIT 1)`
 )
 
 // scanMessage reads one visible row; it reports false for a row without a

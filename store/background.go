@@ -25,20 +25,7 @@ func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = sqlitefs.DefaultCheckpointInterval
 	}
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.commits:
-		}
-		t.Reset(interval)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	afterCommits(ctx, s.commits, interval, func() bool { return true }, func() {
 		var err error
 		if s.busy() {
 			_, err = s.db.Checkpoint(ctx)
@@ -56,6 +43,31 @@ func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn().Err(err).Msg("Checkpoint failed; the WAL grows until one succeeds")
 		}
+	})
+}
+
+// afterCommits calls run delay after a commit signal that finds due true,
+// until ctx ends. Signals during the delay fold into that one run, so a
+// burst of commits costs one.
+func afterCommits(ctx context.Context, signals <-chan struct{}, delay time.Duration, due func() bool, run func()) {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-signals:
+		}
+		if !due() {
+			continue
+		}
+		t.Reset(delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		run()
 	}
 }
 
@@ -77,23 +89,9 @@ func (s *Store) runMerges(ctx context.Context, delay time.Duration) {
 	if delay <= 0 {
 		delay = DefaultMergeDelay
 	}
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.merges:
-		}
-		if s.db.Unmerged() == 0 {
-			continue // the commit was a merge, or left no tail
-		}
-		t.Reset(delay)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	// A commit that was a merge, or left no tail, is not due.
+	due := func() bool { return s.db.Unmerged() > 0 }
+	afterCommits(ctx, s.merges, delay, due, func() {
 		// A saturated writer merges the whole tail inline at its bound, many
 		// rows per conversation at once; chunks would only cost it more.
 		for s.db.Unmerged() > 0 && !s.busy() && ctx.Err() == nil {
@@ -105,7 +103,7 @@ func (s *Store) runMerges(ctx context.Context, delay time.Duration) {
 				break
 			}
 		}
-	}
+	})
 }
 
 // mergeTail merges up to limit tail rows (all when limit <= 0) as one

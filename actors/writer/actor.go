@@ -345,25 +345,15 @@ func RequestMaintenance(ctx context.Context, root *actor.RootContext, pid *actor
 	reply := make(chan error, 1)
 	m.Reply = reply
 	root.Send(pid, m)
-	select {
-	case err := <-reply:
-		return err
-	case <-done:
-		select {
-		case err := <-reply:
-			return err
-		default:
-			return ErrStopped
-		}
-	case <-ctx.Done():
-		return ctx.Err()
+	err, waitErr := await(ctx, reply, done)
+	if waitErr != nil {
+		return waitErr
 	}
+	return err
 }
 
 // Request sends cmd to the writer at pid and waits for its reply, for ctx, or
-// for the writer to stop (done closed), whichever comes first. A reply sent
-// before the writer stopped is always preferred over ErrStopped, so an
-// acknowledged command is never reported as lost.
+// for the writer to stop (done closed), whichever comes first.
 func Request(ctx context.Context, root *actor.RootContext, pid *actor.PID, cmd *Execute, done <-chan struct{}) (any, error) {
 	if cmd.Ctx == nil {
 		cmd.Ctx = ctx
@@ -371,17 +361,29 @@ func Request(ctx context.Context, root *actor.RootContext, pid *actor.PID, cmd *
 	reply := make(chan *Executed, 1)
 	cmd.Reply = reply
 	root.Send(pid, cmd)
+	r, err := await(ctx, reply, done)
+	if err != nil {
+		return nil, err
+	}
+	return r.Result, r.Err
+}
+
+// await waits for a reply, for ctx, or for the writer to stop. A reply sent
+// before the writer stopped is always preferred over ErrStopped, so work the
+// writer answered is never reported as lost.
+func await[T any](ctx context.Context, reply <-chan T, done <-chan struct{}) (T, error) {
+	var zero T
 	select {
 	case r := <-reply:
-		return r.Result, r.Err
+		return r, nil
 	case <-done:
 		select {
 		case r := <-reply:
-			return r.Result, r.Err
+			return r, nil
 		default:
-			return nil, ErrStopped
+			return zero, ErrStopped
 		}
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return zero, ctx.Err()
 	}
 }
