@@ -24,6 +24,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // Driver names registered by this package.
@@ -212,6 +213,9 @@ func Path(storageDir string) string {
 // pending migrations, and refuses a database written by a newer binary or by
 // another application.
 func Open(ctx context.Context, opts Options) (_ *DB, err error) {
+	if err := walbuf.Register(); err != nil {
+		return nil, err
+	}
 	path := Path(opts.StorageDir)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create storage directory: %w", err)
@@ -284,11 +288,14 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	return db, nil
 }
 
+// dsn names the file for the driver. Every connection opens it through the
+// gathering VFS (package walbuf); only connections that write use its buffer.
 func dsn(path string, writer bool) string {
-	u := url.URL{Scheme: "file", Path: path}
+	q := url.Values{"vfs": {walbuf.Name}}
 	if writer {
-		u.RawQuery = "_txlock=immediate"
+		q.Set("_txlock", "immediate")
 	}
+	u := url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}
 	return u.String()
 }
 
