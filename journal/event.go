@@ -155,6 +155,13 @@ type Event struct {
 	NewContent json.RawMessage
 	// Canonical is the canonical JSON of the whole event, room_id included.
 	Canonical json.RawMessage
+	// Notice is set when content.msgtype is m.notice: a bot's message,
+	// never owed an answer.
+	Notice bool
+	// Preview is set when what the event puts on screen (Content, or
+	// NewContent for an edit) is only a sidecar preview (IsSidecarPreview).
+	// Parsing decides both, so the writer never decodes content again.
+	Preview bool
 }
 
 // wireEvent is the envelope shape; a field of the wrong JSON type fails
@@ -250,6 +257,13 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	if ev.Content, err = encodeCanonical(whole["content"]); err != nil {
 		return nil, eventErr("content", err.Error())
 	}
+	ev.Notice = c.MsgType != nil && *c.MsgType == "m.notice"
+	if ev.Kind == KindEdit {
+		ev.Preview = IsSidecarPreview(ev.NewContent)
+	} else {
+		content, _ := whole["content"].(map[string]any)
+		_, ev.Preview = content[LongTextKey].(map[string]any)
+	}
 	whole["room_id"] = in.RoomID
 	if ev.Canonical, err = encodeCanonical(whole); err != nil {
 		return nil, eventErr("event", err.Error())
@@ -327,7 +341,7 @@ func Classify(ev *Event, self string) Class {
 	}
 	switch ev.Kind {
 	case KindMessage:
-		if isNotice(ev.Content) {
+		if ev.Notice {
 			return ContextOnly
 		}
 		return Actionable
@@ -335,11 +349,4 @@ func Classify(ev *Event, self string) Class {
 		return Actionable
 	}
 	return ContextOnly
-}
-
-func isNotice(content json.RawMessage) bool {
-	var c struct {
-		MsgType string `json:"msgtype"`
-	}
-	return json.Unmarshal(content, &c) == nil && c.MsgType == "m.notice"
 }

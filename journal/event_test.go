@@ -261,7 +261,14 @@ func TestParseEventKeepsTheStateKey(t *testing.T) {
 func TestClassify(t *testing.T) {
 	const self = "@bot:example.org"
 	mk := func(kind journal.Kind, sender string, prov journal.Provenance, content string) *journal.Event {
-		return &journal.Event{Kind: kind, Sender: sender, Provenance: prov, Content: json.RawMessage(content)}
+		ev, err := journal.ParseEvent(journal.Inbound{RoomID: "!r:example.org", Provenance: prov,
+			Event: json.RawMessage(`{"event_id":"$e","type":"x.test","sender":"` + sender +
+				`","origin_server_ts":1,"content":` + content + `}`)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev.Kind = kind // the kind's own parsing is TestParseEvent's
+		return ev
 	}
 	text := `{"msgtype":"m.text","body":"x"}`
 	for _, c := range []struct {

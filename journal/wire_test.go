@@ -3,6 +3,7 @@ package journal_test
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -67,6 +68,38 @@ func TestIsSidecarPreview(t *testing.T) {
 			if got := journal.IsSidecarPreview(json.RawMessage(c.content)); got != c.want {
 				t.Fatalf("IsSidecarPreview(%s) = %v, want %v", c.content, got, c.want)
 			}
+			if !json.Valid([]byte(c.content)) {
+				return
+			}
+			// Parsing decides the same for a message's content and for an
+			// edit's new content, so the writer need not decode either.
+			edit := `{"msgtype":"m.text","body":"* x","m.new_content":` + c.content +
+				`,"m.relates_to":{"rel_type":"m.replace","event_id":"$target"}}`
+			for _, content := range []string{c.content, edit} {
+				ev, err := journal.ParseEvent(journal.Inbound{RoomID: "!r:example.org", Provenance: journal.Live,
+					Event: json.RawMessage(`{"event_id":"$e","type":"m.room.message","sender":"@a:example.org",` +
+						`"origin_server_ts":1,"content":` + content + `}`)}, time.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ev.Preview != c.want {
+					t.Fatalf("parsed %s: Preview = %v, want %v", content, ev.Preview, c.want)
+				}
+			}
 		})
+	}
+}
+
+func TestParsingMarksANoticeAndOnlyANotice(t *testing.T) {
+	for msgtype, want := range map[string]bool{"m.notice": true, "m.text": false, "m.emote": false, "M.NOTICE": false} {
+		ev, err := journal.ParseEvent(journal.Inbound{RoomID: "!r:example.org", Provenance: journal.Live,
+			Event: json.RawMessage(`{"event_id":"$e","type":"m.room.message","sender":"@a:example.org",` +
+				`"origin_server_ts":1,"content":{"msgtype":"` + msgtype + `","body":"x"}}`)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Notice != want {
+			t.Fatalf("msgtype %s: Notice = %v, want %v", msgtype, ev.Notice, want)
+		}
 	}
 }

@@ -110,12 +110,10 @@ func visibleByEvent(tx *Tx, p Principal, room, eventID string) (visibleRow, bool
 }
 
 // visibleBody decides what a revision puts on screen: its content, or no
-// body and a refresh debt when the content is only a sidecar preview.
-func visibleBody(content []byte, seq int64) (body any, refresh any) {
-	if content == nil {
-		return nil, seq
-	}
-	if journal.IsSidecarPreview(content) {
+// body and a refresh debt when there is none or it is only a sidecar
+// preview.
+func visibleBody(content []byte, preview bool, seq int64) (body any, refresh any) {
+	if content == nil || preview {
 		return nil, seq
 	}
 	return string(content), nil
@@ -166,7 +164,7 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roo
 		return err
 	}
 	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
-	content := []byte(ev.Content)
+	content, preview := []byte(ev.Content), ev.Preview
 	if anyHeld {
 		// Every edit held for this target goes now; only the author's own
 		// may apply, and only if it is newer.
@@ -175,10 +173,11 @@ func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roo
 			return err
 		}
 		if h, ok := held[ev.Sender]; ok && h.revision.After(revision) {
-			revision, content = h.revision, h.body // a redacted held edit has no body: it owes a refetch
+			// A redacted held edit has no body: it owes a refetch.
+			revision, content, preview = h.revision, h.body, journal.IsSidecarPreview(h.body)
 		}
 	}
-	body, refresh := visibleBody(content, seq)
+	body, refresh := visibleBody(content, preview, seq)
 	if _, err := tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
 		storedRevisionID(revision, ev.ID), revision.TS, body, refresh, room.epoch); err != nil {
 		return err
@@ -205,7 +204,7 @@ func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error
 		if row.sender != ev.Sender || !revision.After(row.revision) {
 			return nil
 		}
-		body, refresh := visibleBody(ev.NewContent, seq)
+		body, refresh := visibleBody(ev.NewContent, ev.Preview, seq)
 		_, err := tx.exec(updateVisibleRevision, ev.ID, ev.TS, body, refresh, row.seq)
 		return err
 	}
