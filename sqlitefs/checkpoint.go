@@ -24,6 +24,13 @@ const (
 	// coming: long enough to copy many commits' pages at once, short
 	// enough that the WAL stays small and each checkpoint is short.
 	DefaultCheckpointInterval = 25 * time.Millisecond
+
+	// SaturatedCheckpointInterval spaces the checkpoints that run beside a
+	// saturated writer. A page rewritten by many commits in between is
+	// copied and synced once, and the checkpoint's sync of the database
+	// file, which slows the commits' WAL syncs while it runs, comes ten
+	// times less often.
+	SaturatedCheckpointInterval = 250 * time.Millisecond
 )
 
 // CheckpointResult is what one checkpoint reported.

@@ -20,14 +20,19 @@ func (s *Store) busy() bool { return len(s.sem) >= busyOutstanding }
 // ends: interval after the first commit of a burst, so one checkpoint
 // copies many commits' pages. Under light load the checkpoint runs between
 // the writer's batches (writer.Maintain), never beside a commit; a
-// saturated writer has no time for it, so it runs beside.
+// saturated writer has no time for it, so it runs beside, and less often.
 func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = sqlitefs.DefaultCheckpointInterval
 	}
+	var lastBeside time.Time
 	afterCommits(ctx, s.commits, interval, func() bool { return true }, func() {
 		var err error
 		if s.busy() {
+			if time.Since(lastBeside) < sqlitefs.SaturatedCheckpointInterval {
+				return // the commits that keep coming bring the next chance
+			}
+			lastBeside = time.Now()
 			_, err = s.db.Checkpoint(ctx)
 		} else {
 			err = writer.RequestMaintenance(ctx, s.system.Root, s.writer, &writer.Maintain{
