@@ -17,6 +17,7 @@ import (
 	"github.com/mindroomd/mindroomd/actors"
 	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/walbuf"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
@@ -218,7 +219,10 @@ func openNaive(ctx context.Context, path string, principals int) (_ *naiveStore,
 	n := &naiveStore{path: path, stmts: map[string]*sql.Stmt{}, done: make(chan struct{})}
 	// BEGIN IMMEDIATE, like the store's writer: the write lock is taken
 	// up front, never upgraded mid-transaction.
-	u := url.URL{Scheme: "file", Path: path, RawQuery: "_txlock=immediate"}
+	if err := walbuf.Register(); err != nil {
+		return nil, err
+	}
+	u := url.URL{Scheme: "file", Path: path, RawQuery: url.Values{"_txlock": {"immediate"}, "vfs": {walbuf.Name}}.Encode()}
 	if n.db, err = sql.Open(naiveDriver, u.String()); err != nil {
 		return nil, err
 	}
