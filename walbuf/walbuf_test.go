@@ -150,6 +150,38 @@ func TestATransactionLargerThanTheBufferSpillsAndStaysIntact(t *testing.T) {
 	verify(t, db, 3000, 4000)
 }
 
+func TestAPageSpilledAndReadBackInOneTransactionIsTheOneWritten(t *testing.T) {
+	// With ten pages of cache, updating forty rows a page each spills the
+	// first updates to the WAL, where they are still in the buffer when
+	// the transaction reads them back.
+	db := open(t, filepath.Join(t.TempDir(), "j.db"), true, "PRAGMA synchronous = FULL",
+		"PRAGMA page_size = 1024", "PRAGMA cache_size = 10")
+	mustExec(t, db, `CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`)
+	fill(t, db, 0, 40, 900)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	for i := 0; i < 40; i++ {
+		if _, err := tx.Exec(`UPDATE t SET body = ? WHERE id = ?`, body(1000+i, 900), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 40; i++ {
+		var got []byte
+		if err := tx.QueryRow(`SELECT body FROM t WHERE id = ?`, i).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(body(1000+i, 900)) {
+			t.Fatalf("row %d reads back something other than its update", i)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestAFileWrittenThroughTheBufferOpensWithTheDefaultVFS(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "j.db")
 	w := open(t, path, true, "PRAGMA synchronous = FULL")
