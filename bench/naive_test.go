@@ -17,8 +17,8 @@ import (
 	"github.com/mindroomd/mindroomd/actors"
 	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/walbuf"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // The naive baseline is the layout a first implementation would write
