@@ -283,15 +283,25 @@ func (x *dfx) unacked(v journal.PrincipalStore) []string {
 func (x *dfx) pendingIDs(v journal.PrincipalStore) []string {
 	x.t.Helper()
 	out := []string{}
-	var after int64
+	for _, e := range x.pending(v) {
+		out = append(out, e.EventID)
+	}
+	return out
+}
+
+// pending lists v's readable pending events in receipt order.
+func (x *dfx) pending(v journal.PrincipalStore) []journal.PendingEvent {
+	x.t.Helper()
+	var (
+		out   []journal.PendingEvent
+		after int64
+	)
 	for {
 		page, err := v.Pending(context.Background(), 50, after)
 		if err != nil {
 			x.t.Fatalf("Pending: %v", err)
 		}
-		for _, e := range page.Events {
-			out = append(out, e.EventID)
-		}
+		out = append(out, page.Events...)
 		if !page.More {
 			return out
 		}

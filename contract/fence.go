@@ -53,6 +53,24 @@ func TestDeliveryIsScopedToTheMembershipThatAuthorizedIt(t *testing.T, f Factory
 		same(t, "pending", x.pendingIDs(x.v), []string{})
 	})
 
+	t.Run("ARoomAdmittedToBeforeTheFenceTakesTheNewMembershipAfterTheRejoin", func(t *testing.T) {
+		x := newDFX(t, f)
+		x.admit(x.v, dRoom, dText("$q1", 1000, "old question"))
+		x.fence(x.v, dRoom, journal.DepartureLocal, "")
+		x.join(x.v, dRoom, "")
+		x.admit(x.v, dRoom, dText("$q2", 2000, "new question"))
+		pending := x.pending(x.v)
+		same(t, "pending", len(pending), 1)
+		same(t, "pending epoch", []any{pending[0].EventID, pending[0].Epoch}, []any{"$q2", int64(1)})
+		res := x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "answer", "$q2"))
+		same(t, "outcome", []any{res.Outcome, res.Epoch}, []any{journal.EnqueueCreated, int64(1)})
+		same(t, "fence again", x.fence(x.v, dRoom, journal.DepartureLocal, ""), journal.Fenced)
+		x.join(x.v, dRoom, "")
+		x.admit(x.v, dRoom, dText("$q3", 3000, "newer question"))
+		same(t, "membership", x.membership(x.v, dRoom), "epoch 2, in")
+		same(t, "after a second fence", x.pending(x.v)[0].Epoch, int64(2))
+	})
+
 	t.Run("AnUnattemptedRowIsRetiredByTheFenceForGood", func(t *testing.T) {
 		x := newDFX(t, f)
 		x.admit(x.v, dRoom, dText("$q1", 1000, "question"))

@@ -194,6 +194,13 @@ type DB struct {
 	unmerged    atomic.Int64
 	maxUnmerged int64
 
+	// rooms caches each admitted-to room's key and membership epoch as
+	// committed (journal.go, roomOf). Only the writer's goroutine touches
+	// it: commands and their after-commit work run there one at a time.
+	// It assumes this process is the file's only writer, as everything
+	// else here does.
+	rooms map[roomName]roomRef
+
 	// stmts are the writer's statements, prepared on stmtConn, its
 	// connection.
 	stmtMu   sync.Mutex
@@ -230,7 +237,8 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 		return nil, fmt.Errorf("create journal file: %w", err)
 	}
 
-	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail)}
+	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail),
+		rooms: make(map[roomName]roomRef)}
 	if db.maxUnmerged <= 0 {
 		db.maxUnmerged = DefaultMaxUnmergedTail
 	}

@@ -263,7 +263,7 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		t.Fatalf("begin: %v", err)
 	}
-	wtx := db.WrapTx(conn, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	wtx := db.WrapTx(conn, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC), nil)
 	p, err := sqlitefs.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 	if err != nil {
 		t.Fatalf("RegisterPrincipal: %v", err)

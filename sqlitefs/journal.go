@@ -166,8 +166,21 @@ type roomRef struct {
 	key, epoch int64
 }
 
-// roomOf interns room for p on first sight and reads its epoch.
+// roomName names a room of a principal.
+type roomName struct {
+	principal int64
+	room      string
+}
+
+// roomOf interns room for p on first sight and reads its epoch. Every
+// admitted event needs both, so they are cached (DB.rooms); an entry
+// appears only once the transaction that read it has committed, and the
+// fence, the one thing that changes an epoch, drops it (forgetRoom).
 func roomOf(tx *Tx, p Principal, room string) (roomRef, error) {
+	name := roomName{p.ID, room}
+	if r, ok := tx.db.rooms[name]; ok {
+		return r, nil
+	}
 	var r roomRef
 	err := tx.queryRow(selectRoom, p.ID, room).Scan(&r.key, &r.epoch)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -175,13 +188,27 @@ func roomOf(tx *Tx, p Principal, room string) (roomRef, error) {
 		if err != nil {
 			return r, fmt.Errorf("intern room: %w", err)
 		}
-		r.key, err = res.LastInsertId()
-		return r, err
-	}
-	if err != nil {
+		if r.key, err = res.LastInsertId(); err != nil {
+			return r, err
+		}
+	} else if err != nil {
 		return r, fmt.Errorf("read membership epoch: %w", err)
 	}
+	if tx.afterCommit != nil {
+		tx.afterCommit(func() { tx.db.rooms[name] = r })
+	}
 	return r, nil
+}
+
+// forgetRoom drops p's room from the cache at once, for the rest of this
+// transaction, and again after it commits, after whatever an earlier
+// command of the same transaction would add.
+func forgetRoom(tx *Tx, p Principal, room string) {
+	name := roomName{p.ID, room}
+	delete(tx.db.rooms, name)
+	if tx.afterCommit != nil {
+		tx.afterCommit(func() { delete(tx.db.rooms, name) })
+	}
 }
 
 func recordRejected(tx *Tx, p Principal, in journal.Inbound, eventID string, reason error) error {

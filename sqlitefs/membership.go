@@ -115,6 +115,7 @@ func FenceDeparture(tx *Tx, p Principal, room string, source journal.DepartureSo
 // an exact retry); journal rows stay as proof; pending redactions stay
 // because they still owe cleanup.
 func advanceEpoch(tx *Tx, p Principal, room string) error {
+	forgetRoom(tx, p, room)
 	for _, q := range []string{upsertDeparture, fenceVisible, fenceVisibleTail, fenceHeldEdits, fenceTombstones} {
 		if _, err := tx.exec(q, p.ID, room); err != nil {
 			return fmt.Errorf("fence: %w", err)

@@ -63,7 +63,7 @@ func migWrite(t *testing.T, db *DB, now time.Time, write func(*Tx) error) {
 	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		t.Fatalf("begin: %v", err)
 	}
-	if err := write(db.WrapTx(conn, now)); err != nil {
+	if err := write(db.WrapTx(conn, now, nil)); err != nil {
 		_, _ = conn.ExecContext(ctx, "ROLLBACK")
 		t.Fatalf("write: %v", err)
 	}

@@ -11,13 +11,19 @@ import (
 // writer's connection with its batch transaction open, the batch time, and
 // the statements prepared on that connection.
 type Tx struct {
-	conn *sql.Conn
-	db   *DB
-	now  time.Time
+	conn        *sql.Conn
+	db          *DB
+	now         time.Time
+	afterCommit func(func())
 }
 
 // WrapTx adapts the writer's connection, inside its batch transaction.
-func (db *DB) WrapTx(conn *sql.Conn, now time.Time) *Tx { return &Tx{conn: conn, db: db, now: now} }
+// afterCommit, when set, runs a function once the transaction has committed
+// (writer.Tx.AfterCommit); without it nothing learned in the transaction is
+// cached.
+func (db *DB) WrapTx(conn *sql.Conn, now time.Time, afterCommit func(func())) *Tx {
+	return &Tx{conn: conn, db: db, now: now, afterCommit: afterCommit}
+}
 
 // stmt returns the statement for a constant query prepared on the writer's
 // connection, preparing it on first use. Statements live as long as the

@@ -247,7 +247,7 @@ func (s *Store) tx(t *writer.Tx) *sqlitefs.Tx {
 	if tx, ok := t.Local.(*sqlitefs.Tx); ok {
 		return tx
 	}
-	tx := s.db.WrapTx(t.Conn(), t.Now)
+	tx := s.db.WrapTx(t.Conn(), t.Now, t.AfterCommit)
 	t.Local = tx
 	return tx
 }

@@ -224,7 +224,7 @@ func (a *writerActor) flush(ctx actor.Context) {
 	}
 	batch := a.batch
 	a.batch, a.bytes = nil, 0
-	replies, hints, err := a.run(batch)
+	replies, tx, err := a.run(batch)
 	if err != nil {
 		a.failed = &FatalError{Err: err}
 		a.deps.Log.Error().Err(err).Int("commands", len(batch)).Msg("Batch failed; stopping the writer")
@@ -234,11 +234,14 @@ func (a *writerActor) flush(ctx actor.Context) {
 		ctx.Stop(ctx.Self())
 		return
 	}
+	for _, f := range tx.afterCommit {
+		f()
+	}
 	for i, q := range batch {
 		q.answer(ctx, replies[i])
 	}
-	if len(hints) > 0 && a.deps.Publish != nil {
-		a.deps.Publish(hints)
+	if len(tx.hints) > 0 && a.deps.Publish != nil {
+		a.deps.Publish(tx.hints)
 	}
 	if a.deps.Committed != nil {
 		a.deps.Committed(len(batch))
@@ -281,7 +284,7 @@ func (a *writerActor) control(query string) error {
 // whole life rather than through *sql.Tx: database/sql starts a goroutine
 // for every query inside an *sql.Tx, and admission runs several queries per
 // event.
-func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hint, err error) {
+func (a *writerActor) run(batch []queued) (replies []*Executed, committed *Tx, err error) {
 	if err := a.connect(); err != nil {
 		return nil, nil, err
 	}
@@ -312,7 +315,7 @@ func (a *writerActor) run(batch []queued) (replies []*Executed, hints []hint.Hin
 	if err := a.control(commit); err != nil {
 		return nil, nil, fmt.Errorf("commit: %w", err)
 	}
-	return replies, tx.hints, nil
+	return replies, tx, nil
 }
 
 // runOne runs a command inside its own savepoint. Only a fault that poisons
@@ -322,13 +325,13 @@ func (a *writerActor) runOne(tx *Tx, cmd *Execute) (*Executed, error) {
 	if err := a.control(savepoint); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
-	mark := len(tx.hints)
+	hintMark, afterMark := len(tx.hints), len(tx.afterCommit)
 	result, cmdErr := cmd.Run(tx)
 	if cmdErr != nil {
 		if a.deps.IsFatal(cmdErr) {
 			return nil, fmt.Errorf("%s: %w", cmd.Name, cmdErr)
 		}
-		tx.hints = tx.hints[:mark]
+		tx.hints, tx.afterCommit = tx.hints[:hintMark], tx.afterCommit[:afterMark]
 		if err := a.control(rollbackTo); err != nil {
 			return nil, fmt.Errorf("rollback to savepoint: %w", err)
 		}

@@ -979,3 +979,69 @@ func TestAPanickingMaintenanceStopsTheWriterWithAFault(t *testing.T) {
 		t.Fatalf("OnStopped: got %v (%T), want *writer.FatalError, not an orderly stop", stopErr, stopErr)
 	}
 }
+
+func TestAfterCommitWorkRunsInOrderOnceCommittedWithoutRolledBackOnes(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+	var ran []string // appended on the writer, read after its replies
+	recording := func(k string, fail error) writer.Command {
+		return func(tx *writer.Tx) (any, error) {
+			if _, err := tx.Exec(`INSERT INTO scratch (k) VALUES (?)`, k); err != nil {
+				return nil, err
+			}
+			tx.AfterCommit(func() {
+				var n int
+				if err := h.db.Readers.QueryRow(`SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil || n != 1 {
+					t.Errorf("after-commit work for %q ran before a reader could see its commit", k)
+				}
+				ran = append(ran, k)
+			})
+			return tx, fail
+		}
+	}
+	errB := errors.New("B rolls back")
+	a := h.send("A", recording("a", nil))
+	b := h.send("B", recording("b", errB))
+	c := h.send("C", recording("c", nil))
+	release()
+	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
+	if !errors.Is(rb.Err, errB) {
+		t.Fatalf("B: got %v, want %v", rb.Err, errB)
+	}
+	if txOf(t, "A", ra) != txOf(t, "C", rc) || txOf(t, "A", ra) != txOf(t, "B", rb) {
+		t.Fatalf("A, B, C ran in different transactions; the test needs one batch")
+	}
+	// The replies are sent after the after-commit work, so it is all done.
+	if want := []string{"a", "c"}; !slices.Equal(ran, want) {
+		t.Errorf("after-commit work ran for %v, want %v", ran, want)
+	}
+}
+
+func TestAfterCommitWorkOfABatchThatFailsNeverRuns(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+	ran := make(chan string, 4)
+	a := h.send("A", func(tx *writer.Tx) (any, error) {
+		tx.AfterCommit(func() { ran <- "a" })
+		_, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('a')`)
+		return nil, err
+	})
+	f := h.send("F", func(tx *writer.Tx) (any, error) {
+		tx.AfterCommit(func() { ran <- "f" })
+		return nil, sqlite3.Error{Code: sqlite3.ErrIoErr}
+	})
+	release()
+	for name, ch := range map[string]<-chan *writer.Executed{"A": a, "F": f} {
+		var fe *writer.FatalError
+		if r := h.await(name, ch); !errors.As(r.Err, &fe) {
+			t.Errorf("%s: got %v, want *writer.FatalError", name, r.Err)
+		}
+	}
+	if err := h.stopErr(); err == nil {
+		t.Fatal("OnStopped: got nil, want the storage fault")
+	}
+	close(ran)
+	for k := range ran {
+		t.Errorf("after-commit work of %q ran though its batch rolled back", k)
+	}
+}

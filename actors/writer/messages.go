@@ -21,8 +21,9 @@ type Tx struct {
 	Now time.Time
 	// Local is per-transaction state the command layer may keep (such as
 	// statements bound to this transaction); the writer never reads it.
-	Local any
-	hints []hint.Hint
+	Local       any
+	hints       []hint.Hint
+	afterCommit []func()
 }
 
 // Conn is the writer's connection; everything run on it until the batch
@@ -47,6 +48,13 @@ func (t *Tx) QueryRow(query string, args ...any) *sql.Row {
 // Hint records a wake-up to publish after the batch commits. A hint from a
 // command that rolls back is discarded with it.
 func (t *Tx) Hint(h hint.Hint) { t.hints = append(t.hints, h) }
+
+// AfterCommit records f to run once the batch has committed, on the
+// writer's goroutine before the next batch begins, in the order recorded.
+// It is for state kept beside the database that may only show what is
+// committed. Like a hint, f is discarded with a command that rolls back,
+// and with the whole batch if it does not commit.
+func (t *Tx) AfterCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
 // Execute asks the writer to run a command in the next group commit. The
 // reply, an *Executed, is sent only after COMMIT.
