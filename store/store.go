@@ -51,7 +51,9 @@ type Options struct {
 	// Readers is the reader pool size (default sqlitefs.DefaultReaders).
 	Readers int
 	// CheckpointInterval spaces WAL checkpoints while commits keep coming
-	// (default sqlitefs.DefaultCheckpointInterval).
+	// and the writer has time (default sqlitefs.DefaultCheckpointInterval);
+	// beside a saturated writer they come every
+	// sqlitefs.SaturatedCheckpointInterval.
 	CheckpointInterval time.Duration
 	// PageBudget bounds one conversation page's memory (default 16 MiB
 	// stored, 64 MiB estimated decoded).
