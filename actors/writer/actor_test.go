@@ -592,7 +592,6 @@ func TestWriterPublishesHintsAfterCommitWithoutRolledBackOnes(t *testing.T) {
 		}
 		seen <- p
 	}})
-	release, _ := h.gate()
 	hinting := func(k string, fail error) writer.Command {
 		return func(tx *writer.Tx) (any, error) {
 			if _, err := tx.Exec(`INSERT INTO scratch (k) VALUES (?)`, k); err != nil {
@@ -602,18 +601,7 @@ func TestWriterPublishesHintsAfterCommitWithoutRolledBackOnes(t *testing.T) {
 			return tx, fail
 		}
 	}
-	errB := errors.New("B rolls back")
-	a := h.send("A", hinting("a", nil))
-	b := h.send("B", hinting("b", errB))
-	c := h.send("C", hinting("c", nil))
-	release()
-	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
-	if !errors.Is(rb.Err, errB) {
-		t.Fatalf("B: got %v, want %v", rb.Err, errB)
-	}
-	if txOf(t, "A", ra) != txOf(t, "C", rc) || txOf(t, "A", ra) != txOf(t, "B", rb) {
-		t.Fatalf("A, B, C ran in different transactions; the test needs one batch")
-	}
+	h.runABC(t, hinting)
 
 	// Stopping the writer ends every Publish call, so the log below is
 	// complete.
@@ -633,6 +621,25 @@ func TestWriterPublishesHintsAfterCommitWithoutRolledBackOnes(t *testing.T) {
 	}
 	if want := []string{"a", "c"}; !slices.Equal(rooms, want) {
 		t.Errorf("published hints: got rooms %v, want %v", rooms, want)
+	}
+}
+
+// runABC sends commands A, B and C into one batch, B failing with an
+// ordinary error, and waits for all three.
+func (h *harness) runABC(t *testing.T, command func(k string, fail error) writer.Command) {
+	t.Helper()
+	release, _ := h.gate()
+	errB := errors.New("B rolls back")
+	a := h.send("A", command("a", nil))
+	b := h.send("B", command("b", errB))
+	c := h.send("C", command("c", nil))
+	release()
+	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
+	if !errors.Is(rb.Err, errB) {
+		t.Fatalf("B: got %v, want %v", rb.Err, errB)
+	}
+	if txOf(t, "A", ra) != txOf(t, "C", rc) || txOf(t, "A", ra) != txOf(t, "B", rb) {
+		t.Fatalf("A, B, C ran in different transactions; the test needs one batch")
 	}
 }
 
@@ -982,7 +989,6 @@ func TestAPanickingMaintenanceStopsTheWriterWithAFault(t *testing.T) {
 
 func TestAfterCommitWorkRunsInOrderOnceCommittedWithoutRolledBackOnes(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	release, _ := h.gate()
 	var ran []string // appended on the writer, read after its replies
 	recording := func(k string, fail error) writer.Command {
 		return func(tx *writer.Tx) (any, error) {
@@ -999,18 +1005,7 @@ func TestAfterCommitWorkRunsInOrderOnceCommittedWithoutRolledBackOnes(t *testing
 			return tx, fail
 		}
 	}
-	errB := errors.New("B rolls back")
-	a := h.send("A", recording("a", nil))
-	b := h.send("B", recording("b", errB))
-	c := h.send("C", recording("c", nil))
-	release()
-	ra, rb, rc := h.await("A", a), h.await("B", b), h.await("C", c)
-	if !errors.Is(rb.Err, errB) {
-		t.Fatalf("B: got %v, want %v", rb.Err, errB)
-	}
-	if txOf(t, "A", ra) != txOf(t, "C", rc) || txOf(t, "A", ra) != txOf(t, "B", rb) {
-		t.Fatalf("A, B, C ran in different transactions; the test needs one batch")
-	}
+	h.runABC(t, recording)
 	// The replies are sent after the after-commit work, so it is all done.
 	if want := []string{"a", "c"}; !slices.Equal(ran, want) {
 		t.Errorf("after-commit work ran for %v, want %v", ran, want)
