@@ -54,20 +54,7 @@ func TestEveryHotQueryIsIndexCovered(t *testing.T) {
 	defer db.Close()
 	for name, q := range hotQueries {
 		t.Run(name, func(t *testing.T) {
-			rows, err := db.Writer.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q.query, q.args...)
-			if err != nil {
-				t.Fatalf("explain: %v", err)
-			}
-			defer rows.Close()
-			var plan []string
-			for rows.Next() {
-				var id, parent, notused int
-				var detail string
-				if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
-					t.Fatal(err)
-				}
-				plan = append(plan, detail)
-			}
+			plan := explainPlan(t, db, q.query, q.args...)
 			if strings.HasPrefix(strings.TrimSpace(q.query), "SELECT") && len(plan) == 0 {
 				t.Fatalf("no plan for a query")
 			}
@@ -96,7 +83,16 @@ func TestTheMergeReadsOnlyTheUnmergedTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	rows, err := db.Writer.QueryContext(ctx, "EXPLAIN QUERY PLAN "+mergePageTail, 100)
+	plan := explainPlan(t, db, mergePageTail, 100)
+	if !slices.Contains(plan, "SEARCH visible_messages USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)") {
+		t.Fatalf("the merge does not read the tail by its seq range:\n%s", strings.Join(plan, "\n"))
+	}
+}
+
+// explainPlan returns the detail column of EXPLAIN QUERY PLAN for query.
+func explainPlan(t *testing.T, db *DB, query string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Writer.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
 	if err != nil {
 		t.Fatalf("explain: %v", err)
 	}
@@ -110,7 +106,8 @@ func TestTheMergeReadsOnlyTheUnmergedTail(t *testing.T) {
 		}
 		plan = append(plan, detail)
 	}
-	if !slices.Contains(plan, "SEARCH visible_messages USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)") {
-		t.Fatalf("the merge does not read the tail by its seq range:\n%s", strings.Join(plan, "\n"))
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
+	return plan
 }

@@ -102,6 +102,16 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 }
 
 // stopErr waits for the writer to stop and returns OnStopped's argument.
+// mustBeRunning fails t if the writer has stopped, after what.
+func (h *harness) mustBeRunning(t *testing.T, after string) {
+	t.Helper()
+	select {
+	case <-h.done:
+		t.Fatalf("writer stopped after %s: %v", after, h.stopErr())
+	default:
+	}
+}
+
 func (h *harness) stopErr() error {
 	h.t.Helper()
 	select {
@@ -835,11 +845,7 @@ func TestMaintenanceRunsBetweenBatchesOutsideATransaction(t *testing.T) {
 			t.Errorf("row %q not committed", k)
 		}
 	}
-	select {
-	case <-h.done:
-		t.Fatalf("writer stopped after a successful maintenance: %v", h.stopErr())
-	default:
-	}
+	h.mustBeRunning(t, "a successful maintenance")
 }
 
 func TestAFatalMaintenanceErrorStopsTheWriter(t *testing.T) {
@@ -932,11 +938,7 @@ func TestAnOrdinaryMaintenanceErrorIsOnlyItsReply(t *testing.T) {
 	}, h.done); err != nil {
 		t.Errorf("maintenance after the failed one: %v", err)
 	}
-	select {
-	case <-h.done:
-		t.Fatalf("writer stopped after an ordinary maintenance error: %v", h.stopErr())
-	default:
-	}
+	h.mustBeRunning(t, "an ordinary maintenance error")
 }
 
 func TestMaintenanceAfterTheWriterFailedRepliesTheFailureWithoutRunning(t *testing.T) {
