@@ -21,9 +21,12 @@ const (
 	checkpointTruncate = `PRAGMA wal_checkpoint(TRUNCATE)`
 
 	// DefaultCheckpointInterval spaces checkpoints while commits keep
-	// coming: long enough to copy many commits' pages at once, short
-	// enough that the WAL stays small and each checkpoint is short.
-	DefaultCheckpointInterval = 25 * time.Millisecond
+	// coming. A checkpoint stalls the writer for as long as it takes to
+	// copy and sync the pages changed since the last one, most of them at
+	// random places in the file; a short interval keeps each stall to a
+	// millisecond or two, where a long one saves a few pages rewritten
+	// twice but stalls commands for much longer.
+	DefaultCheckpointInterval = 5 * time.Millisecond
 
 	// SaturatedCheckpointInterval spaces the checkpoints that run beside a
 	// saturated writer. A page rewritten by many commits in between is

@@ -37,11 +37,14 @@ const (
 	roomKeyOf = `SELECT id FROM rooms WHERE principal = ?1 AND room_id = ?2`
 	// tailRows are a conversation's unmerged rows, indexRows its rows in
 	// the page index; both leave a thread's root out, for the root closes
-	// the thread's last page.
+	// the thread's last page. An index entry newer than the merged mark
+	// belongs to a merge cycle still running (pageindex.go); its row is
+	// still read from the tail.
 	tailRows = `FROM visible_messages v WHERE v.seq > ` + mergedUpto + `
 		AND v.room = (` + roomKeyOf + `) AND v.thread_id = ?3 AND v.event_id <> ?3`
 	indexRows = `FROM visible_page p JOIN visible_messages v ON v.seq = p.seq
-		WHERE p.room = (` + roomKeyOf + `) AND p.thread_id = ?3 AND p.event_id <> ?3`
+		WHERE p.room = (` + roomKeyOf + `) AND p.thread_id = ?3 AND p.event_id <> ?3
+		AND p.seq <= ` + mergedUpto
 	newestFirst = ` ORDER BY p.created_ts DESC, p.event_id DESC`
 	pageTail    = `SELECT 0, ` + VisibleColumns + ` ` + tailRows
 	pageIndex   = `SELECT * FROM (SELECT 1, ` + VisibleColumns + ` ` + indexRows

@@ -22,11 +22,9 @@ func (s *Store) busy() bool { return len(s.sem) >= busyOutstanding }
 // the writer's batches (writer.Maintain), never beside a commit; a
 // saturated writer has no time for it, so it runs beside, and less often.
 func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
-	if interval <= 0 {
-		interval = sqlitefs.DefaultCheckpointInterval
-	}
+	interval = checkpointInterval(interval)
 	var lastBeside time.Time
-	afterCommits(ctx, s.commits, interval, func() bool { return true }, func() {
+	afterCommits(ctx, s.commits, interval, func() bool { return true }, nil, func() {
 		var err error
 		if s.busy() {
 			if time.Since(lastBeside) < sqlitefs.SaturatedCheckpointInterval {
@@ -51,12 +49,25 @@ func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 	})
 }
 
+// checkpointInterval is the configured interval, or the default.
+func checkpointInterval(configured time.Duration) time.Duration {
+	if configured <= 0 {
+		return sqlitefs.DefaultCheckpointInterval
+	}
+	return configured
+}
+
 // afterCommits calls run delay after a commit signal that finds due true,
 // until ctx ends. Signals during the delay fold into that one run, so a
-// burst of commits costs one.
-func afterCommits(ctx context.Context, signals <-chan struct{}, delay time.Duration, due func() bool, run func()) {
+// burst of commits costs one. With early set, a signal that finds early
+// true runs it at once.
+func afterCommits(ctx context.Context, signals <-chan struct{}, delay time.Duration, due, early func() bool, run func()) {
 	t := time.NewTimer(delay)
 	defer t.Stop()
+	var hurry <-chan struct{} // nil, never ready, unless early is set
+	if early != nil {
+		hurry = signals
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -67,63 +78,130 @@ func afterCommits(ctx context.Context, signals <-chan struct{}, delay time.Durat
 			continue
 		}
 		t.Reset(delay)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	wait:
+		for early == nil || !early() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				break wait
+			case <-hurry:
+			}
 		}
+		t.Stop()
 		run()
 	}
 }
 
-// DefaultMergeDelay is how long after a commit the unmerged tail of the
-// page index is merged in the background, and MergeChunk the most rows one
-// background merge moves. Small merges keep each one a short command that
-// a group commit barely notices; under full load admission's inline merge
-// at the tail bound moves the most rows per merge, which is what makes
-// merging cheap, and the background has little left to do.
+// DefaultMergeDelay is how long after a commit a merge cycle starts, and
+// MergeChunk about how many rows one chunk of a cycle moves. The longer the
+// delay, the more rows each conversation's leaf takes per write; a tail
+// half its bound starts a cycle at once, so a load short of saturation
+// never reaches the inline merge. A chunk of this size dirties a few dozen
+// index pages, a short checkpoint's worth.
 const (
-	DefaultMergeDelay = 100 * time.Millisecond
-	MergeChunk        = 64
+	DefaultMergeDelay = time.Second
+	MergeChunk        = 128
 )
 
-// runMerges merges the page index's unmerged tail, a chunk at a time, a
-// delay after commits that left one, until ctx ends; readers of a journal
-// at rest scan no tail.
-func (s *Store) runMerges(ctx context.Context, delay time.Duration) {
+// runMerges runs a merge cycle a delay after commits that left a tail,
+// until ctx ends; readers of a journal at rest scan no tail. pause spaces a
+// cycle's chunks, so each is copied by a checkpoint of its own.
+func (s *Store) runMerges(ctx context.Context, delay, pause time.Duration) {
 	if delay <= 0 {
 		delay = DefaultMergeDelay
 	}
-	// A commit that was a merge, or left no tail, is not due.
 	due := func() bool { return s.db.Unmerged() > 0 }
-	afterCommits(ctx, s.merges, delay, due, func() {
-		// A saturated writer merges the whole tail inline at its bound, many
-		// rows per conversation at once; chunks would only cost it more.
-		for s.db.Unmerged() > 0 && !s.busy() && ctx.Err() == nil {
-			n, err := s.mergeTail(ctx, MergeChunk)
-			if err != nil && ctx.Err() == nil {
-				s.log.Warn().Err(err).Msg("Page index merge failed; the unmerged tail waits for the next")
-			}
-			if err != nil || n == 0 {
-				break
-			}
+	early := func() bool { return s.db.Unmerged() >= s.db.MaxUnmerged()/2 }
+	afterCommits(ctx, s.merges, delay, due, early, func() {
+		finished, err := s.mergeCycle(ctx, MergeChunk, pause)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn().Err(err).Msg("Page index merge failed; the unmerged tail waits for the next")
+		}
+		if !finished {
+			return // the next commit brings the next chance
+		}
+		if s.db.Unmerged() > 0 {
+			s.nudgeMerges() // rows that arrived during the cycle have their own
+		}
+		if s.afterMergeCycle != nil {
+			s.afterMergeCycle()
 		}
 	})
 }
 
-// mergeTail merges up to limit tail rows (all when limit <= 0) as one
+// mergeCycle merges the tail as it stands, a chunk of rooms per writer
+// command, and reports whether it finished. A saturated writer has no time
+// for it: the cycle gives up, and the writer merges the whole tail inline
+// at its bound, many rows per conversation at once.
+func (s *Store) mergeCycle(ctx context.Context, chunkRows int, pause time.Duration) (bool, error) {
+	if s.busy() {
+		return false, nil
+	}
+	plan, err := s.planMerge(ctx, chunkRows)
+	if err != nil {
+		return false, err
+	}
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	for i, rooms := range plan.Chunks {
+		if i > 0 {
+			t.Reset(pause)
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-t.C:
+			}
+		}
+		if s.busy() {
+			return false, nil
+		}
+		if err := s.mergeRooms(ctx, plan.Boundary, rooms); err != nil {
+			return false, err
+		}
+	}
+	if len(plan.Chunks) == 0 {
+		return true, nil
+	}
+	return true, s.finishMerge(ctx, plan.Boundary)
+}
+
+// planMerge, mergeRooms and finishMerge are the steps of a cycle, each one
 // writer command.
-func (s *Store) mergeTail(ctx context.Context, limit int) (int64, error) {
+func (s *Store) planMerge(ctx context.Context, chunkRows int) (sqlitefs.PageMergePlan, error) {
+	plan, err := s.exec(ctx, "plan_page_merge", 0, func(t *writer.Tx) (any, error) {
+		return sqlitefs.PlanPageMerge(s.tx(t), chunkRows)
+	})
+	if err != nil {
+		return sqlitefs.PageMergePlan{}, err
+	}
+	return plan.(sqlitefs.PageMergePlan), nil
+}
+
+func (s *Store) mergeRooms(ctx context.Context, boundary int64, rooms sqlitefs.RoomRange) error {
+	_, err := s.exec(ctx, "merge_page_rooms", 0, func(t *writer.Tx) (any, error) {
+		return sqlitefs.MergePageRooms(s.tx(t), boundary, rooms)
+	})
+	return err
+}
+
+func (s *Store) finishMerge(ctx context.Context, boundary int64) error {
+	_, err := s.exec(ctx, "finish_page_merge", 0, func(t *writer.Tx) (any, error) {
+		return nil, sqlitefs.FinishPageMerge(s.tx(t), boundary)
+	})
+	return err
+}
+
+// MergePageTail moves the page index's whole unmerged tail into it now, in
+// one transaction, and reports how many entries it wrote. The store merges
+// on its own after commits; this is for tools and benchmarks that want to
+// start from a merged index.
+func (s *Store) MergePageTail(ctx context.Context) (int64, error) {
 	n, err := s.exec(ctx, "merge_page_tail", 0, func(t *writer.Tx) (any, error) {
-		return sqlitefs.MergePageTail(s.tx(t), limit)
+		return sqlitefs.MergePageTail(s.tx(t))
 	})
 	if err != nil {
 		return 0, err
 	}
 	return n.(int64), nil
 }
-
-// MergePageTail moves the page index's whole unmerged tail into it now and
-// reports how many rows moved. The store merges on its own after commits;
-// this is for tools and benchmarks that want to start from a merged index.
-func (s *Store) MergePageTail(ctx context.Context) (int64, error) { return s.mergeTail(ctx, 0) }

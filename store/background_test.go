@@ -11,12 +11,230 @@ import (
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
-// A conversation reads the same, in order, whether its rows sit in the
-// unmerged tail, in the page index, or straddle the two at any chunk
-// boundary.
-func TestChunkedMergesNeverChangeWhatAPageReads(t *testing.T) {
+// mergeRooms are the conversations the merge tests fill, each with n
+// messages whose timestamps run out of receipt order, so merge order and
+// page order differ.
+var mergeRooms = []string{"!a:example.org", "!b:example.org", "!c:example.org"}
+
+const mergeRoomMessages = 7
+
+// openForMerges opens a store under dir whose background merger waits an
+// hour, so a test drives every step of a merge itself.
+func openForMerges(t *testing.T, dir string) (*Store, journal.PrincipalStore) {
+	t.Helper()
 	ctx := context.Background()
-	s, err := Open(ctx, Options{StorageDir: t.TempDir(), MaxUnmergedTail: 1000, MergeDelay: time.Hour})
+	s, err := Open(ctx, Options{StorageDir: dir, MaxUnmergedTail: 1000, MergeDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	v, err := s.Principal(ctx, "reader", "@bot:example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, v
+}
+
+// admitMergeRooms fills mergeRooms and returns each room's event IDs in
+// page order, as read before any merge.
+func admitMergeRooms(t *testing.T, v journal.PrincipalStore) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	for r, room := range mergeRooms {
+		var evs []mx.Ev
+		for i := range mergeRoomMessages {
+			id := fmt.Sprintf("$m%d-%02d", r, i)
+			evs = append(evs, mx.Message(id, "@alice:example.org", int64(1000+(i*5)%mergeRoomMessages), "hi"))
+		}
+		if _, err := v.AdmitBatch(ctx, mx.Live(room, evs...), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := make(map[string][]string)
+	for _, room := range mergeRooms {
+		want[room] = readWhole(t, v, room, mergeRoomMessages)
+		if len(want[room]) != mergeRoomMessages {
+			t.Fatalf("%s read %d messages before any merge, want %d", room, len(want[room]), mergeRoomMessages)
+		}
+	}
+	return want
+}
+
+// readWhole pages through room, limit messages a page, oldest first.
+func readWhole(t *testing.T, v journal.PrincipalStore, room string, limit int) []string {
+	t.Helper()
+	var got []string
+	var before *journal.Cursor
+	for {
+		p, err := v.Read(context.Background(), journal.ReadRequest{RoomID: room, Limit: limit, Before: before})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]string, 0, len(p.Messages))
+		for _, m := range p.Messages {
+			ids = append(ids, m.EventID)
+		}
+		got = append(ids, got...)
+		if p.NextCursor == nil {
+			return got
+		}
+		before = p.NextCursor
+	}
+}
+
+// mustReadAsBefore fails unless every room reads as want, in pages of
+// several sizes.
+func mustReadAsBefore(t *testing.T, v journal.PrincipalStore, want map[string][]string, step string) {
+	t.Helper()
+	for _, room := range mergeRooms {
+		for _, limit := range []int{1, 2, 4, mergeRoomMessages} {
+			if got := readWhole(t, v, room, limit); !slices.Equal(got, want[room]) {
+				t.Fatalf("%s: %s in pages of %d read %v, want %v", step, room, limit, got, want[room])
+			}
+		}
+	}
+}
+
+// A conversation reads the same, in order, whether its rows sit in the
+// unmerged tail, in the page index, or in the index of a cycle that has
+// not finished, at every step of the cycle.
+func TestEveryStepOfAMergeCycleReadsTheSamePages(t *testing.T) {
+	ctx := context.Background()
+	s, v := openForMerges(t, t.TempDir())
+	want := admitMergeRooms(t, v)
+	plan, err := s.planMerge(ctx, mergeRoomMessages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Chunks) != len(mergeRooms) {
+		t.Fatalf("a chunk of %d rows planned %d chunks for %d rooms of %d rows", mergeRoomMessages, len(plan.Chunks), len(mergeRooms), mergeRoomMessages)
+	}
+	for i, rooms := range plan.Chunks {
+		if err := s.mergeRooms(ctx, plan.Boundary, rooms); err != nil {
+			t.Fatal(err)
+		}
+		mustReadAsBefore(t, v, want, fmt.Sprintf("after chunk %d", i))
+		if left := s.db.Unmerged(); left != int64(len(mergeRooms)*mergeRoomMessages) {
+			t.Fatalf("after chunk %d the tail is %d rows, want all of them until the cycle ends", i, left)
+		}
+	}
+	if err := s.finishMerge(ctx, plan.Boundary); err != nil {
+		t.Fatal(err)
+	}
+	mustReadAsBefore(t, v, want, "after the cycle")
+	if left := s.db.Unmerged(); left != 0 {
+		t.Fatalf("unmerged estimate %d after the cycle", left)
+	}
+}
+
+func TestAMergePlanKeepsEachRoomWholeAndChunksNearTheirSize(t *testing.T) {
+	ctx := context.Background()
+	s, v := openForMerges(t, t.TempDir())
+	admitMergeRooms(t, v)
+	for _, tc := range []struct {
+		chunkRows, chunks int
+	}{
+		{1, 3},  // a room larger than a chunk is a chunk of its own
+		{13, 3}, // two rooms would make 14
+		{14, 2},
+		{21, 1},
+	} {
+		plan, err := s.planMerge(ctx, tc.chunkRows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(plan.Chunks) != tc.chunks {
+			t.Fatalf("chunks of %d rows: planned %v, want %d chunks", tc.chunkRows, plan.Chunks, tc.chunks)
+		}
+		for i := 1; i < len(plan.Chunks); i++ {
+			if plan.Chunks[i].First <= plan.Chunks[i-1].Last {
+				t.Fatalf("chunks of %d rows overlap or go back: %v", tc.chunkRows, plan.Chunks)
+			}
+		}
+	}
+}
+
+// The inline merge at the tail's bound may overtake a cycle. The cycle's
+// remaining chunks then write nothing, and its finish does not move the
+// merged mark back over rows it never saw.
+func TestACycleOvertakenByAWholeMergeFinishesWithoutHarm(t *testing.T) {
+	ctx := context.Background()
+	s, v := openForMerges(t, t.TempDir())
+	want := admitMergeRooms(t, v)
+	plan, err := s.planMerge(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.mergeRooms(ctx, plan.Boundary, plan.Chunks[0]); err != nil {
+		t.Fatal(err)
+	}
+	late := mx.Message("$late", "@alice:example.org", 5000, "after the plan")
+	if _, err := v.AdmitBatch(ctx, mx.Live(mergeRooms[0], late), ""); err != nil {
+		t.Fatal(err)
+	}
+	want[mergeRooms[0]] = append(want[mergeRooms[0]], "$late")
+	moved, err := s.MergePageTail(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wantMoved := int64(len(mergeRooms)*mergeRoomMessages + 1 - mergeRoomMessages); moved != wantMoved {
+		t.Fatalf("the whole merge wrote %d entries, want %d (all but the chunk already written)", moved, wantMoved)
+	}
+	for _, rooms := range plan.Chunks[1:] {
+		if err := s.mergeRooms(ctx, plan.Boundary, rooms); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.finishMerge(ctx, plan.Boundary); err != nil {
+		t.Fatal(err)
+	}
+	mustReadAsBefore(t, v, want, "after the overtaken cycle")
+	if left := s.db.Unmerged(); left != 0 {
+		t.Fatalf("the finish left an estimate of %d: it moved the merged mark back", left)
+	}
+}
+
+// A process that stops mid-cycle leaves index entries past the merged
+// mark. The next process reads around them and merges over them.
+func TestACycleCutShortByARestartIsReadAroundAndMergedOver(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, v := openForMerges(t, dir)
+	want := admitMergeRooms(t, v)
+	plan, err := s.planMerge(ctx, mergeRoomMessages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.mergeRooms(ctx, plan.Boundary, plan.Chunks[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, v = openForMerges(t, dir)
+	if left := s.db.Unmerged(); left != int64(len(mergeRooms)*mergeRoomMessages) {
+		t.Fatalf("reopened with a tail of %d rows, want all %d", left, len(mergeRooms)*mergeRoomMessages)
+	}
+	mustReadAsBefore(t, v, want, "after the restart")
+	moved, err := s.MergePageTail(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wantMoved := int64((len(mergeRooms) - 1) * mergeRoomMessages); moved != wantMoved {
+		t.Fatalf("the merge after the restart wrote %d entries, want %d", moved, wantMoved)
+	}
+	mustReadAsBefore(t, v, want, "after the merge")
+}
+
+// Nothing but the size of the tail starts this cycle: the delay is an hour.
+func TestATailHalfItsBoundStartsABackgroundCycleAtOnce(t *testing.T) {
+	ctx := context.Background()
+	cycles := make(chan struct{}, 8)
+	s, err := Open(ctx, Options{
+		StorageDir: t.TempDir(), MaxUnmergedTail: 2 * mergeRoomMessages, MergeDelay: time.Hour,
+		CheckpointInterval: time.Millisecond,
+		afterMergeCycle:    func() { cycles <- struct{}{} },
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,56 +243,19 @@ func TestChunkedMergesNeverChangeWhatAPageReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const room, n = "!room:example.org", 10
-	var want []string
 	var evs []mx.Ev
-	for i := range n {
-		id := fmt.Sprintf("$m%02d", i)
-		// Timestamps out of receipt order, so merge order and page order differ.
-		evs = append(evs, mx.Message(id, "@alice:example.org", int64(1000+(i*7)%n), "hi"))
+	for i := range mergeRoomMessages {
+		evs = append(evs, mx.Message(fmt.Sprintf("$m%02d", i), "@alice:example.org", int64(1000+i), "hi"))
 	}
-	if _, err := v.AdmitBatch(ctx, mx.Live(room, evs...), ""); err != nil {
+	if _, err := v.AdmitBatch(ctx, mx.Live(mergeRooms[0], evs...), ""); err != nil {
 		t.Fatal(err)
 	}
-	page, err := v.Read(ctx, journal.ReadRequest{RoomID: room, Limit: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range page.Messages {
-		want = append(want, m.EventID)
-	}
-	if len(want) != n {
-		t.Fatalf("read %d messages before any merge, want %d", len(want), n)
-	}
-	for step, wantMoved := range []int64{3, 3, 3, 1, 0} {
-		moved, err := s.mergeTail(ctx, 3)
-		if err != nil || moved != wantMoved {
-			t.Fatalf("merge %d moved %d (%v), want %d", step, moved, err, wantMoved)
-		}
-		for _, limit := range []int{1, 2, 4, n} {
-			var got []string
-			var before *journal.Cursor
-			for {
-				p, err := v.Read(ctx, journal.ReadRequest{RoomID: room, Limit: limit, Before: before})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ids := make([]string, 0, len(p.Messages))
-				for _, m := range p.Messages {
-					ids = append(ids, m.EventID)
-				}
-				got = append(ids, got...)
-				if p.NextCursor == nil {
-					break
-				}
-				before = p.NextCursor
-			}
-			if !slices.Equal(got, want) {
-				t.Fatalf("after merge %d, pages of %d read %v, want %v", step, limit, got, want)
-			}
-		}
+	select {
+	case <-cycles:
+	case <-time.After(time.Minute):
+		t.Fatal("no merge cycle within a minute of a tail half its bound")
 	}
 	if left := s.db.Unmerged(); left != 0 {
-		t.Fatalf("unmerged estimate %d after the tail emptied", left)
+		t.Fatalf("the cycle left a tail of %d rows", left)
 	}
 }

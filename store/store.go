@@ -62,9 +62,14 @@ type Options struct {
 	// page index before admission merges them inline (default
 	// sqlitefs.DefaultMaxUnmergedTail).
 	MaxUnmergedTail int
-	// MergeDelay is how long after a commit the page index's unmerged
-	// tail is merged in the background (default DefaultMergeDelay).
+	// MergeDelay is how long after a commit a merge cycle moves the page
+	// index's unmerged tail into it (default DefaultMergeDelay); a tail
+	// half MaxUnmergedTail starts one at once.
 	MergeDelay time.Duration
+
+	// afterMergeCycle, when set, runs after each background merge cycle,
+	// so a test can wait for one.
+	afterMergeCycle func()
 }
 
 // Store is an open journal. It implements journal.Store.
@@ -76,6 +81,8 @@ type Store struct {
 	log    zerolog.Logger
 	now    func() time.Time
 	sem    chan struct{}
+
+	afterMergeCycle func()
 
 	commits    chan struct{} // signalled after each commit, for the checkpointer
 	stopChecks context.CancelFunc
@@ -116,6 +123,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		sem:    make(chan struct{}, opts.MaxOutstanding),
 		done:   make(chan struct{}),
 
+		afterMergeCycle: opts.afterMergeCycle,
+
 		commits:    make(chan struct{}, 1),
 		checksDone: make(chan struct{}),
 		merges:     make(chan struct{}, 1),
@@ -143,7 +152,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	mergeCtx, s.stopMerges = context.WithCancel(context.Background())
 	go func() {
 		defer close(s.mergesDone)
-		s.runMerges(mergeCtx, opts.MergeDelay)
+		s.runMerges(mergeCtx, opts.MergeDelay, checkpointInterval(opts.CheckpointInterval))
 	}()
 	if db.Unmerged() > 0 {
 		s.committed(0) // a tail left by the last process merges soon, not at the next commit
@@ -162,6 +171,11 @@ func (s *Store) committed(int) {
 	case s.commits <- struct{}{}:
 	default: // a checkpoint is already due
 	}
+	s.nudgeMerges()
+}
+
+// nudgeMerges tells the merger there may be a tail to merge.
+func (s *Store) nudgeMerges() {
 	select {
 	case s.merges <- struct{}{}:
 	default: // a merge is already due
