@@ -1,7 +1,9 @@
 // A VFS that wraps the default one and gathers the writes of a WAL file
 // into one buffer, passed on as a single write. walbuf.go explains why.
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "walbuf.h"
 
 #define WB_OK 0
@@ -24,6 +26,72 @@
 extern wb_vfs *sqlite3_vfs_find(const char *name) __attribute__((weak));
 extern int sqlite3_vfs_register(wb_vfs *vfs, int makeDefault) __attribute__((weak));
 
+// A WAL file as every handle this process has open on it shares it, keyed
+// by device and inode. written counts the writes passed on, each once it
+// has returned; synced is the count a completed sync covered. A sync that
+// finds synced == written has nothing to make durable, whichever handle
+// did the writes and the sync: with synchronous=FULL every commit syncs,
+// and the sync a checkpoint starts with is then a wasted round trip to the
+// disk. A file first seen counts one write, so its first sync always runs.
+typedef struct wal_inode {
+	dev_t dev;
+	ino_t ino;
+	int refs;
+	wb_i64 written, synced;
+	struct wal_inode *next;
+} wal_inode;
+
+static pthread_mutex_t inodesMu = PTHREAD_MUTEX_INITIALIZER;
+static wal_inode *inodes;
+
+static wal_inode *acquireInode(const char *name) {
+	struct stat st;
+	if (name == 0 || stat(name, &st) != 0) {
+		return 0; // never skips a sync
+	}
+	pthread_mutex_lock(&inodesMu);
+	wal_inode *n = inodes;
+	while (n != 0 && (n->dev != st.st_dev || n->ino != st.st_ino)) {
+		n = n->next;
+	}
+	if (n == 0 && (n = calloc(1, sizeof(*n))) != 0) {
+		n->dev = st.st_dev;
+		n->ino = st.st_ino;
+		n->written = 1;
+		n->next = inodes;
+		inodes = n;
+	}
+	if (n != 0) {
+		n->refs++;
+	}
+	pthread_mutex_unlock(&inodesMu);
+	return n;
+}
+
+static void releaseInode(wal_inode *n) {
+	if (n == 0) {
+		return;
+	}
+	pthread_mutex_lock(&inodesMu);
+	if (--n->refs == 0) {
+		wal_inode **pp = &inodes;
+		while (*pp != n) {
+			pp = &(*pp)->next;
+		}
+		*pp = n->next;
+		free(n);
+	}
+	pthread_mutex_unlock(&inodesMu);
+}
+
+static void noteWritten(wal_inode *n) {
+	if (n != 0) {
+		pthread_mutex_lock(&inodesMu);
+		n->written++;
+		pthread_mutex_unlock(&inodesMu);
+	}
+}
+
 typedef struct wal_file {
 	wb_file base;
 	wb_file *inner;      // the wrapped VFS's file, stored after this struct
@@ -31,15 +99,25 @@ typedef struct wal_file {
 	int len;             // bytes in buf
 	wb_i64 off;          // file offset of buf[0]
 	int commitPending;   // the next write is a commit frame's page
+	wal_inode *inode;    // shared write and sync counts; 0 if unknown
 } wal_file;
 
 static wb_vfs gathering;
 static wb_vfs *wrapped;
-static wb_i64 received, passed;
+static wb_i64 received, passed, synced, skipped;
 
 #define WB_INNER_OFFSET ((sizeof(wal_file) + 15) & ~(size_t)15)
 
 static wb_file *innerOf(wb_file *f) { return ((wal_file *)f)->inner; }
+
+// passOn writes to the wrapped file and counts the write once it returned,
+// so a sync that starts later is known to cover it.
+static int passOn(wal_file *p, const void *data, int n, wb_i64 ofst) {
+	__atomic_fetch_add(&passed, 1, __ATOMIC_RELAXED);
+	int rc = p->inner->pMethods->xWrite(p->inner, data, n, ofst);
+	noteWritten(p->inode);
+	return rc;
+}
 
 static int flush(wal_file *p) {
 	if (p->len == 0) {
@@ -47,8 +125,7 @@ static int flush(wal_file *p) {
 	}
 	int n = p->len;
 	p->len = 0;
-	__atomic_fetch_add(&passed, 1, __ATOMIC_RELAXED);
-	return p->inner->pMethods->xWrite(p->inner, p->buf, n, p->off);
+	return passOn(p, p->buf, n, p->off);
 }
 
 static int overlapsBuffer(wal_file *p, int n, wb_i64 ofst) {
@@ -59,6 +136,8 @@ static int walClose(wb_file *f) {
 	wal_file *p = (wal_file *)f;
 	int rc = flush(p);
 	int rc2 = p->inner->pMethods->xClose(p->inner);
+	releaseInode(p->inode);
+	p->inode = 0;
 	free(p->buf);
 	p->buf = 0;
 	return rc != WB_OK ? rc : rc2;
@@ -90,8 +169,7 @@ static int walWrite(wb_file *f, const void *data, int n, wb_i64 ofst) {
 		if (rc != WB_OK) {
 			return rc;
 		}
-		__atomic_fetch_add(&passed, 1, __ATOMIC_RELAXED);
-		return p->inner->pMethods->xWrite(p->inner, data, n, ofst);
+		return passOn(p, data, n, ofst);
 	}
 	if (p->len == 0 || ofst != p->off + p->len || p->len + n > WB_CAP) {
 		int rc = flush(p);
@@ -116,13 +194,42 @@ static int walWrite(wb_file *f, const void *data, int n, wb_i64 ofst) {
 static int walTruncate(wb_file *f, wb_i64 size) {
 	wal_file *p = (wal_file *)f;
 	int rc = flush(p);
-	return rc != WB_OK ? rc : p->inner->pMethods->xTruncate(p->inner, size);
+	if (rc != WB_OK) {
+		return rc;
+	}
+	rc = p->inner->pMethods->xTruncate(p->inner, size);
+	noteWritten(p->inode);
+	return rc;
 }
 
 static int walSync(wb_file *f, int flags) {
 	wal_file *p = (wal_file *)f;
 	int rc = flush(p);
-	return rc != WB_OK ? rc : p->inner->pMethods->xSync(p->inner, flags);
+	if (rc != WB_OK) {
+		return rc;
+	}
+	wal_inode *n = p->inode;
+	wb_i64 covers = 0;
+	if (n != 0) {
+		pthread_mutex_lock(&inodesMu);
+		covers = n->written;
+		int clean = n->synced >= covers;
+		pthread_mutex_unlock(&inodesMu);
+		if (clean) {
+			__atomic_fetch_add(&skipped, 1, __ATOMIC_RELAXED);
+			return WB_OK;
+		}
+	}
+	__atomic_fetch_add(&synced, 1, __ATOMIC_RELAXED);
+	rc = p->inner->pMethods->xSync(p->inner, flags);
+	if (rc == WB_OK && n != 0) {
+		pthread_mutex_lock(&inodesMu);
+		if (n->synced < covers) {
+			n->synced = covers;
+		}
+		pthread_mutex_unlock(&inodesMu);
+	}
+	return rc;
 }
 
 static int walFileSize(wb_file *f, wb_i64 *size) {
@@ -197,6 +304,9 @@ static int gatheringOpen(wb_vfs *vfs, const char *name, wb_file *f, int flags, i
 	p->inner = (wb_file *)((char *)f + WB_INNER_OFFSET);
 	p->inner->pMethods = 0;
 	int rc = wrapped->xOpen(wrapped, name, p->inner, flags, outFlags);
+	if (rc == WB_OK) {
+		p->inode = acquireInode(name);
+	}
 	// SQLite closes a file whose open failed only if pMethods is set.
 	p->base.pMethods = p->inner->pMethods ? &walMethods : 0;
 	return rc;
@@ -222,7 +332,9 @@ int walbuf_register(const char *name) {
 	return sqlite3_vfs_register(&gathering, 0);
 }
 
-void walbuf_stats(wb_i64 *r, wb_i64 *p) {
+void walbuf_stats(wb_i64 *r, wb_i64 *p, wb_i64 *s, wb_i64 *k) {
 	*r = __atomic_load_n(&received, __ATOMIC_RELAXED);
 	*p = __atomic_load_n(&passed, __ATOMIC_RELAXED);
+	*s = __atomic_load_n(&synced, __ATOMIC_RELAXED);
+	*k = __atomic_load_n(&skipped, __ATOMIC_RELAXED);
 }

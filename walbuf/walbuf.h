@@ -68,7 +68,8 @@ struct wb_vfs {
 int walbuf_register(const char *name);
 
 // walbuf_stats reports, since the process started, how many writes the
-// gathering VFS received for WAL files and how many it passed on.
-void walbuf_stats(wb_i64 *received, wb_i64 *passed);
+// gathering VFS received from SQLite and passed on, and how many WAL syncs
+// it passed on and skipped as having nothing to make durable.
+void walbuf_stats(wb_i64 *received, wb_i64 *passed, wb_i64 *synced, wb_i64 *skipped);
 
 #endif

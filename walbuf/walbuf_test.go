@@ -202,3 +202,61 @@ func TestAFileWrittenThroughTheBufferOpensWithTheDefaultVFS(t *testing.T) {
 	}
 	defer conn.Close()
 }
+
+// syncsDuring reports how many WAL syncs run passed on and skipped.
+func syncsDuring(run func()) (synced, skipped int64) {
+	before := walbuf.ReadStats()
+	run()
+	after := walbuf.ReadStats()
+	return after.Synced - before.Synced, after.Skipped - before.Skipped
+}
+
+// With synchronous=FULL every commit has synced the WAL, so the sync a
+// checkpoint starts with has nothing left to do, whichever connection runs
+// the checkpoint.
+func TestACheckpointAfterSyncedCommitsSkipsItsWALSync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "full.db")
+	writer := open(t, path, true, "PRAGMA synchronous = FULL", "PRAGMA wal_autocheckpoint = 0")
+	other := open(t, path, true, "PRAGMA synchronous = FULL")
+	mustExec(t, writer, `CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`)
+	for name, db := range map[string]*sql.DB{"the committing connection": writer, "another connection": other} {
+		fill(t, writer, 0, 10, 100)
+		synced, skipped := syncsDuring(func() { mustExec(t, db, `PRAGMA wal_checkpoint(PASSIVE)`) })
+		if synced != 0 || skipped != 1 {
+			t.Fatalf("a checkpoint on %s after synced commits ran %d WAL syncs and skipped %d, want 0 and 1", name, synced, skipped)
+		}
+		mustExec(t, writer, `DELETE FROM t`)
+	}
+}
+
+// With synchronous=NORMAL a commit leaves the WAL unsynced; the checkpoint
+// must sync it before it copies a page, on any connection.
+func TestACheckpointAfterUnsyncedCommitsSyncsTheWAL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "normal.db")
+	writer := open(t, path, true, "PRAGMA synchronous = NORMAL", "PRAGMA wal_autocheckpoint = 0")
+	other := open(t, path, true, "PRAGMA synchronous = FULL")
+	mustExec(t, writer, `CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`)
+	for name, db := range map[string]*sql.DB{"the committing connection": writer, "another connection": other} {
+		fill(t, writer, 0, 10, 100)
+		synced, _ := syncsDuring(func() { mustExec(t, db, `PRAGMA wal_checkpoint(PASSIVE)`) })
+		if synced < 1 {
+			t.Fatalf("a checkpoint on %s after unsynced commits ran no WAL sync", name)
+		}
+		mustExec(t, writer, `DELETE FROM t`)
+	}
+}
+
+// A WAL this VFS has not seen written may hold unsynced commits (here made
+// through the default VFS, as a previous process might have): its first
+// sync runs.
+func TestTheFirstSyncOfAFileNotWrittenThroughTheVFSRuns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inherited.db")
+	plain := open(t, path, false, "PRAGMA synchronous = NORMAL", "PRAGMA wal_autocheckpoint = 0")
+	mustExec(t, plain, `CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`)
+	fill(t, plain, 0, 10, 100)
+	gathering := open(t, path, true, "PRAGMA synchronous = FULL")
+	synced, _ := syncsDuring(func() { mustExec(t, gathering, `PRAGMA wal_checkpoint(PASSIVE)`) })
+	if synced < 1 {
+		t.Fatal("a checkpoint of commits made through another VFS ran no WAL sync")
+	}
+}
