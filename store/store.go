@@ -53,7 +53,9 @@ type Options struct {
 	// CheckpointInterval spaces WAL checkpoints while commits keep coming
 	// and the writer has time (default sqlitefs.DefaultCheckpointInterval);
 	// beside a saturated writer they come every
-	// sqlitefs.SaturatedCheckpointInterval.
+	// sqlitefs.SaturatedCheckpointInterval. It is also the pause between
+	// the chunks of a merge cycle, so each chunk's pages are copied by a
+	// checkpoint of their own.
 	CheckpointInterval time.Duration
 	// PageBudget bounds one conversation page's memory (default 16 MiB
 	// stored, 64 MiB estimated decoded).
