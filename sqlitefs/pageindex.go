@@ -87,7 +87,9 @@ type PageMergePlan struct {
 
 // PlanPageMerge plans a cycle over the tail as it stands, in chunks of
 // about chunkRows rows. A room is never split, so a chunk holds more when
-// one room alone does. The plan is empty when there is no tail.
+// one room alone does. The plan is empty when there is no tail, and then
+// the estimate (Unmerged) is corrected to match: a batch that rolled back
+// may have left it high, and a merger that trusted it would never rest.
 func PlanPageMerge(tx *Tx, chunkRows int) (PageMergePlan, error) {
 	var (
 		plan PageMergePlan
@@ -97,6 +99,7 @@ func PlanPageMerge(tx *Tx, chunkRows int) (PageMergePlan, error) {
 		return plan, fmt.Errorf("plan page merge: %w", err)
 	}
 	if !end.Valid {
+		tx.db.unmerged.Store(0)
 		return plan, nil
 	}
 	plan.Boundary = end.Int64
@@ -121,6 +124,9 @@ func PlanPageMerge(tx *Tx, chunkRows int) (PageMergePlan, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return plan, fmt.Errorf("plan page merge: %w", err)
+	}
+	if len(plan.Chunks) == 0 {
+		tx.db.unmerged.Store(0)
 	}
 	return plan, nil
 }

@@ -115,17 +115,21 @@ func (s *Store) runMerges(ctx context.Context, delay, pause time.Duration) {
 	early := func() bool { return s.db.Unmerged() >= s.db.MaxUnmerged()/2 }
 	afterCommits(ctx, s.merges, delay, due, early, func() {
 		finished, err := s.mergeCycle(ctx, MergeChunk, pause)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn().Err(err).Msg("Page index merge failed; the unmerged tail waits for the next")
-		}
-		if !finished {
-			return // the next commit brings the next chance
-		}
-		if s.db.Unmerged() > 0 {
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("Page index merge failed; the unmerged tail waits for the next")
+			}
+			return
+		case !finished:
+			// A saturated writer left it to the inline merge. Try again a
+			// delay from now, in case the burst ends with no commit to come.
+			time.AfterFunc(delay, s.nudgeMerges)
+		case s.db.Unmerged() > 0:
 			s.nudgeMerges() // rows that arrived during the cycle have their own
 		}
 		if s.afterMergeCycle != nil {
-			s.afterMergeCycle()
+			s.afterMergeCycle(finished)
 		}
 	})
 }

@@ -240,7 +240,7 @@ func TestATailHalfItsBoundStartsABackgroundCycleAtOnce(t *testing.T) {
 	s, v := openWith(t, Options{
 		StorageDir: t.TempDir(), MaxUnmergedTail: 2 * mergeRoomMessages, MergeDelay: time.Hour,
 		CheckpointInterval: time.Millisecond,
-		afterMergeCycle:    func() { cycles <- struct{}{} },
+		afterMergeCycle:    func(bool) { cycles <- struct{}{} },
 	})
 	var evs []mx.Ev
 	for i := range mergeRoomMessages {
@@ -256,5 +256,47 @@ func TestATailHalfItsBoundStartsABackgroundCycleAtOnce(t *testing.T) {
 	}
 	if left := s.db.Unmerged(); left != 0 {
 		t.Fatalf("the cycle left a tail of %d rows", left)
+	}
+}
+
+// A cycle gives up to a saturated writer. If the burst then ends with no
+// commit to come, the tail is merged all the same.
+func TestACycleGivenUpToASaturatedWriterRunsOnceTheWriterIdles(t *testing.T) {
+	ctx := context.Background()
+	cycles := make(chan bool, 64)
+	s, v := openWith(t, Options{
+		StorageDir: t.TempDir(), MaxUnmergedTail: 1000, MergeDelay: 10 * time.Millisecond,
+		CheckpointInterval: time.Millisecond,
+		afterMergeCycle:    func(finished bool) { cycles <- finished },
+	})
+	for range busyOutstanding {
+		s.sem <- struct{}{} // commands in flight, as a burst keeps them
+	}
+	if _, err := v.AdmitBatch(ctx, mx.Live(mergeRooms[0], mx.Message("$m", "@alice:example.org", 1000, "hi")), ""); err != nil {
+		t.Fatal(err)
+	}
+	waitCycle := func(want bool) {
+		t.Helper()
+		for {
+			select {
+			case finished := <-cycles:
+				if finished == want {
+					return
+				}
+			case <-time.After(time.Minute):
+				t.Fatalf("no merge cycle with finished=%v within a minute", want)
+			}
+		}
+	}
+	waitCycle(false)
+	if left := s.db.Unmerged(); left != 1 {
+		t.Fatalf("a cycle beside a saturated writer merged: the tail is %d rows, want 1", left)
+	}
+	for range busyOutstanding {
+		<-s.sem // the burst ends; nothing more is committed
+	}
+	waitCycle(true)
+	if left := s.db.Unmerged(); left != 0 {
+		t.Fatalf("the cycle after the burst left a tail of %d rows", left)
 	}
 }

@@ -69,9 +69,10 @@ type Options struct {
 	// half MaxUnmergedTail starts one at once.
 	MergeDelay time.Duration
 
-	// afterMergeCycle, when set, runs after each background merge cycle,
-	// so a test can wait for one.
-	afterMergeCycle func()
+	// afterMergeCycle, when set, runs after each background merge cycle
+	// that did not fail, with whether it finished, so a test can wait for
+	// one.
+	afterMergeCycle func(finished bool)
 }
 
 // Store is an open journal. It implements journal.Store.
@@ -84,7 +85,7 @@ type Store struct {
 	now    func() time.Time
 	sem    chan struct{}
 
-	afterMergeCycle func()
+	afterMergeCycle func(finished bool)
 
 	commits    chan struct{} // signalled after each commit, for the checkpointer
 	stopChecks context.CancelFunc
