@@ -113,6 +113,9 @@ func (s *Store) runMerges(ctx context.Context, delay, pause time.Duration) {
 	}
 	due := func() bool { return s.db.Unmerged() > 0 }
 	early := func() bool { return s.db.Unmerged() >= s.db.MaxUnmerged()/2 }
+	retry := time.AfterFunc(delay, s.nudgeMerges)
+	retry.Stop()
+	defer retry.Stop()
 	afterCommits(ctx, s.merges, delay, due, early, func() {
 		finished, err := s.mergeCycle(ctx, MergeChunk, pause)
 		switch {
@@ -123,8 +126,9 @@ func (s *Store) runMerges(ctx context.Context, delay, pause time.Duration) {
 			return
 		case !finished:
 			// A saturated writer left it to the inline merge. Try again a
-			// delay from now, in case the burst ends with no commit to come.
-			time.AfterFunc(delay, s.nudgeMerges)
+			// delay after the last such try, in case the burst ends with no
+			// commit to come.
+			retry.Reset(delay)
 		case s.db.Unmerged() > 0:
 			s.nudgeMerges() // rows that arrived during the cycle have their own
 		}
