@@ -69,9 +69,10 @@ func MergePageTail(tx *Tx) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("merge page tail: %w", err)
 	}
-	if err := FinishPageMerge(tx, end.Int64); err != nil {
-		return 0, err
+	if _, err := tx.exec(advancePageMerged, end.Int64); err != nil {
+		return 0, fmt.Errorf("merge page tail: %w", err)
 	}
+	tx.db.unmerged.Store(0) // the tail ended at end, and all of it moved
 	return n, nil
 }
 

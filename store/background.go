@@ -147,8 +147,8 @@ func (s *Store) mergeCycle(ctx context.Context, chunkRows int, pause time.Durati
 		return false, nil
 	}
 	plan, err := s.planMerge(ctx, chunkRows)
-	if err != nil {
-		return false, err
+	if err != nil || len(plan.Chunks) == 0 {
+		return err == nil, err
 	}
 	t := time.NewTimer(pause)
 	defer t.Stop()
@@ -168,34 +168,28 @@ func (s *Store) mergeCycle(ctx context.Context, chunkRows int, pause time.Durati
 			return false, err
 		}
 	}
-	if len(plan.Chunks) == 0 {
-		return true, nil
-	}
-	return true, s.finishMerge(ctx, plan.Boundary)
+	err = s.finishMerge(ctx, plan.Boundary)
+	return err == nil, err
 }
 
 // planMerge, mergeRooms and finishMerge are the steps of a cycle, each one
 // writer command.
 func (s *Store) planMerge(ctx context.Context, chunkRows int) (sqlitefs.PageMergePlan, error) {
-	plan, err := s.exec(ctx, "plan_page_merge", 0, func(t *writer.Tx) (any, error) {
-		return sqlitefs.PlanPageMerge(s.tx(t), chunkRows)
+	return command(ctx, s, "plan_page_merge", func(tx *sqlitefs.Tx) (sqlitefs.PageMergePlan, error) {
+		return sqlitefs.PlanPageMerge(tx, chunkRows)
 	})
-	if err != nil {
-		return sqlitefs.PageMergePlan{}, err
-	}
-	return plan.(sqlitefs.PageMergePlan), nil
 }
 
 func (s *Store) mergeRooms(ctx context.Context, boundary int64, rooms sqlitefs.RoomRange) error {
-	_, err := s.exec(ctx, "merge_page_rooms", 0, func(t *writer.Tx) (any, error) {
-		return sqlitefs.MergePageRooms(s.tx(t), boundary, rooms)
+	_, err := command(ctx, s, "merge_page_rooms", func(tx *sqlitefs.Tx) (int64, error) {
+		return sqlitefs.MergePageRooms(tx, boundary, rooms)
 	})
 	return err
 }
 
 func (s *Store) finishMerge(ctx context.Context, boundary int64) error {
-	_, err := s.exec(ctx, "finish_page_merge", 0, func(t *writer.Tx) (any, error) {
-		return nil, sqlitefs.FinishPageMerge(s.tx(t), boundary)
+	_, err := command(ctx, s, "finish_page_merge", func(tx *sqlitefs.Tx) (struct{}, error) {
+		return struct{}{}, sqlitefs.FinishPageMerge(tx, boundary)
 	})
 	return err
 }
@@ -205,11 +199,5 @@ func (s *Store) finishMerge(ctx context.Context, boundary int64) error {
 // on its own after commits; this is for tools and benchmarks that want to
 // start from a merged index.
 func (s *Store) MergePageTail(ctx context.Context) (int64, error) {
-	n, err := s.exec(ctx, "merge_page_tail", 0, func(t *writer.Tx) (any, error) {
-		return sqlitefs.MergePageTail(s.tx(t))
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n.(int64), nil
+	return command(ctx, s, "merge_page_tail", sqlitefs.MergePageTail)
 }

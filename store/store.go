@@ -253,6 +253,17 @@ func (s *Store) exec(ctx context.Context, name string, size int, run writer.Comm
 	return res, err
 }
 
+// command runs a sqlitefs command of the store's own (not a principal's)
+// through the writer and returns its result.
+func command[T any](ctx context.Context, s *Store, name string, run func(tx *sqlitefs.Tx) (T, error)) (T, error) {
+	res, err := s.exec(ctx, name, 0, func(t *writer.Tx) (any, error) { return run(s.tx(t)) })
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return res.(T), nil
+}
+
 func (s *Store) stoppedErr() error {
 	if f := s.Fatal(); f != nil {
 		return f
@@ -286,13 +297,11 @@ func (s *Store) Principal(ctx context.Context, agent, userID string) (journal.Pr
 		return nil, err
 	}
 	if !ok {
-		res, err := s.exec(ctx, "register_principal", 0, func(t *writer.Tx) (any, error) {
-			return sqlitefs.RegisterPrincipal(s.tx(t), jp)
-		})
-		if err != nil {
+		if p, err = command(ctx, s, "register_principal", func(tx *sqlitefs.Tx) (sqlitefs.Principal, error) {
+			return sqlitefs.RegisterPrincipal(tx, jp)
+		}); err != nil {
 			return nil, err
 		}
-		p = res.(sqlitefs.Principal)
 	}
 	return &View{s: s, p: p}, nil
 }
