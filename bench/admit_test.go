@@ -462,12 +462,12 @@ func offerLoad(ctx context.Context, adm admitter, pl *planner, count, rate int) 
 		wg   sync.WaitGroup
 		errc = make(chan error, len(events))
 	)
+	sleepUntil, release := newPacer()
+	defer release()
 	start := time.Now()
 	for i, e := range events {
 		due := start.Add(time.Duration(i) * interval)
-		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
-		}
+		sleepUntil(due)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
