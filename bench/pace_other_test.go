@@ -4,8 +4,8 @@ package bench
 
 import "time"
 
-// newPacer returns a sleepUntil built on the runtime's timers, which may
-// wake a millisecond late; pace_linux_test.go has the exact one.
+// newPacer returns sleepPacer: other platforms have no timerfd, and the
+// runtime's timers may wake a millisecond late (pace_linux_test.go).
 func newPacer() (sleepUntil func(time.Time), release func()) {
-	return func(due time.Time) { time.Sleep(time.Until(due)) }, func() {}
+	return sleepPacer()
 }
