@@ -110,9 +110,7 @@ func runRatios(b *testing.B, storePath, naivePath string) {
 	maxTurn := sz.maxRound / ratioRoundShare
 	for _, a := range arms {
 		a.pl = newPlanner(a.env.targets)
-		if _, _, err := runRound(ctx, a.env.adm, a.pl.plan(ratioSenders, max(1, perSender/10)), maxTurn/10); err != nil {
-			b.Fatalf("warm-up: %v", err)
-		}
+		warmUp(b, a.env, a.pl, ratioSenders, perSender, maxTurn)
 	}
 	b.ResetTimer()
 	for range b.N {
@@ -418,6 +416,16 @@ func runRound(ctx context.Context, adm admitter, plans [][]planned, maxDur time.
 	return elapsed, int(admitted.Load()), <-errc
 }
 
+// warmUp admits a tenth of a round of perSender events from each of
+// senders, untimed, which warms SQLite's cache and the prepared statements
+// so the measured rounds start in steady state.
+func warmUp(b *testing.B, env *admitEnv, pl *planner, senders, perSender int, maxRound time.Duration) {
+	b.Helper()
+	if _, _, err := runRound(context.Background(), env.adm, pl.plan(senders, max(1, perSender/10)), maxRound/10); err != nil {
+		b.Fatalf("warm-up: %v", err)
+	}
+}
+
 // runAdmit runs the throughput rounds against env and reports the
 // metrics.
 func runAdmit(b *testing.B, env *admitEnv, senders int) {
@@ -426,11 +434,7 @@ func runAdmit(b *testing.B, env *admitEnv, senders int) {
 	pl := newPlanner(env.targets)
 	perSender := max(1, sz.admitEvents/senders)
 
-	// A tenth of a round, untimed, warms SQLite's cache and the prepared
-	// statements so the measured rounds start in steady state.
-	if _, _, err := runRound(ctx, env.adm, pl.plan(senders, max(1, perSender/10)), sz.maxRound/10); err != nil {
-		b.Fatalf("warm-up: %v", err)
-	}
+	warmUp(b, env, pl, senders, perSender, sz.maxRound)
 	wal0, _, err := env.wal.sample()
 	if err != nil {
 		b.Fatal(err)

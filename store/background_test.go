@@ -70,9 +70,7 @@ func admitMergeRooms(t *testing.T, v journal.PrincipalStore) map[string][]string
 func readWhole(t *testing.T, v journal.PrincipalStore, room string, limit int) []string {
 	t.Helper()
 	var got []string
-	var before *journal.Cursor
-	for {
-		p, err := v.Read(context.Background(), journal.ReadRequest{RoomID: room, Limit: limit, Before: before})
+	for p, err := range journal.Export(context.Background(), v, room, nil, limit) {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,11 +79,8 @@ func readWhole(t *testing.T, v journal.PrincipalStore, room string, limit int) [
 			ids = append(ids, m.EventID)
 		}
 		got = append(ids, got...)
-		if p.NextCursor == nil {
-			return got
-		}
-		before = p.NextCursor
 	}
+	return got
 }
 
 // mustReadAsBefore fails unless every room reads as want, in pages of
