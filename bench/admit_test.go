@@ -31,7 +31,11 @@ const offeredRate = 2000
 // transaction (MaxBatch 1) with 256 senders; the naive schema baseline
 // (naive_test.go) behind the same actor with 256 senders; "latency/group"
 // and "latency/naive", p50-ms and p99-ms command latency at a fixed offered
-// load of 2,000 events/s, each on a fresh copy; and "ratios", group/naive
+// load of 2,000 events/s, each on a fresh copy, "latency/group" also with
+// the I/O floor's p50 and p99 in turns beside it (floor-p50-ms,
+// floor-p99-ms, p99/floor; iofloor_test.go), the WAL bytes per event at
+// that load and the pages its checkpoints copied per event
+// (ckpt-pages/ev); and "ratios", group/naive
 // and group/one-per-tx (256 senders), measured in rounds taken in turn on
 // fresh copies so that the VM's drift over the run moves both sides of a
 // ratio alike (runRatios).
@@ -69,10 +73,10 @@ func BenchmarkAdmit(b *testing.B) {
 	// own, so it sees the steady state of that load and not the WAL and
 	// checkpoint backlog the throughput rounds leave behind.
 	b.Run("latency/group", func(b *testing.B) {
-		runLatency(b, openStoreAdmit(b, storePath, store.Options{}))
+		runLatency(b, openStoreAdmit(b, storePath, store.Options{}), storePath)
 	})
 	b.Run("latency/naive", func(b *testing.B) {
-		runLatency(b, openNaiveAdmit(b, naivePath))
+		runLatency(b, openNaiveAdmit(b, naivePath), "")
 	})
 	b.Run("ratios", func(b *testing.B) {
 		runRatios(b, storePath, naivePath)
@@ -480,22 +484,62 @@ func runAdmit(b *testing.B, env *admitEnv, senders int) {
 // runLatency offers a fixed load of offeredRate events/s: a warm-up of a
 // sixth of latencyEvents, not measured, then latencyEvents per iteration.
 // It reports p50 and p99 command latency over every measured command.
-func runLatency(b *testing.B, env *admitEnv) {
+// With floorFixture set, each round is followed by a round of the I/O floor
+// (iofloor_test.go) that replays the round's disk work, so that store and
+// floor are measured in turns and p99/floor within one run.
+func runLatency(b *testing.B, env *admitEnv, floorFixture string) {
 	ctx := context.Background()
 	sz := benchSizes()
 	pl := newPlanner(env.targets)
 	if _, err := offerLoad(ctx, env.adm, pl, max(1, sz.latencyEvents/6), offeredRate); err != nil {
 		b.Fatalf("warm-up: %v", err)
 	}
-	var all offered
+	var floor *ioFloor
+	if floorFixture != "" {
+		floor = newIOFloor(b, floorFixture)
+		env.wal.recordPages()
+	}
+	var (
+		all, floorAll offered
+		walFrames     float64
+		ckptPages     float64
+	)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		before, _, err := env.wal.sample()
+		if err != nil {
+			b.Fatal(err)
+		}
 		o, err := offerLoad(ctx, env.adm, pl, sz.latencyEvents, offeredRate)
 		if err != nil {
 			b.Fatal(err)
 		}
-		all.latency = append(all.latency, o.latency...)
-		all.lateness = append(all.lateness, o.lateness...)
+		all.add(o)
+		if floor == nil {
+			continue
+		}
+		b.StopTimer()
+		// The store's deferred work is done before the floor runs, so it
+		// does not slow the floor's round.
+		if err := env.settle(ctx); err != nil {
+			b.Fatal(err)
+		}
+		prof, err := profileRound(env.wal, before, len(o.latency))
+		if err != nil {
+			b.Fatal(err)
+		}
+		walFrames += prof.framesPerEvent * float64(prof.frameSize)
+		ckptPages += prof.pagesPerEvent
+		adm, stop := floor.serve(prof)
+		fo, err := offerLoad(ctx, adm, pl, sz.latencyEvents, offeredRate)
+		if stopErr := stop(); err == nil {
+			err = stopErr
+		}
+		if err != nil {
+			b.Fatalf("io floor: %v", err)
+		}
+		floorAll.add(fo)
+		b.StartTimer()
 	}
 	b.StopTimer()
 	reportMillis(b, all.latency, 50, "p50-ms")
@@ -504,18 +548,35 @@ func runLatency(b *testing.B, env *admitEnv) {
 	// the tail that the generator and the scheduler, not the writer, made.
 	reportMillis(b, all.lateness, 99, "start-p99-ms")
 	b.ReportMetric(float64(len(all.latency))/float64(b.N), "events")
+	if floor != nil {
+		reportMillis(b, floorAll.latency, 50, "floor-p50-ms")
+		reportMillis(b, floorAll.latency, 99, "floor-p99-ms")
+		b.ReportMetric(float64(percentile(all.latency, 99))/float64(percentile(floorAll.latency, 99)), "p99/floor")
+		b.ReportMetric(walFrames/float64(b.N), "walB/ev")
+		b.ReportMetric(ckptPages/float64(b.N), "ckpt-pages/ev")
+	}
 }
 
 // reportMillis reports the pct-th percentile of d in milliseconds.
 func reportMillis(b *testing.B, d []time.Duration, pct int, unit string) {
+	b.ReportMetric(float64(percentile(d, pct).Microseconds())/1000, unit)
+}
+
+// percentile returns the pct-th percentile of d, sorting d in place.
+func percentile(d []time.Duration, pct int) time.Duration {
 	slices.Sort(d)
-	b.ReportMetric(float64(d[min(len(d)-1, len(d)*pct/100)].Microseconds())/1000, unit)
+	return d[min(len(d)-1, len(d)*pct/100)]
 }
 
 // offered is what one offerLoad measured, per command: its latency from its
 // scheduled time, and how late after that time its goroutine started.
 type offered struct {
 	latency, lateness []time.Duration
+}
+
+func (o *offered) add(more offered) {
+	o.latency = append(o.latency, more.latency...)
+	o.lateness = append(o.lateness, more.lateness...)
 }
 
 // offerLoad is an open-loop generator: it issues count commands at rate

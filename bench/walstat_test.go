@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,13 @@ type walCounter struct {
 	mx       uint32
 	stats    walStats
 	err      error
+
+	// With record set, the counter also keeps the page numbers each WAL
+	// generation wrote (the pages the checkpoint before its restart
+	// copied into the database file), for the I/O floor (iofloor_test.go).
+	record bool
+	gen    map[uint32]struct{}
+	copied []uint32
 }
 
 // walStats are cumulative counts since the counter was installed.
@@ -122,16 +130,103 @@ func (w *walCounter) observeLocked() {
 	mx := binary.NativeEndian.Uint32(hdr[16:20])
 	var salt [8]byte
 	copy(salt[:], hdr[32:40])
+	from := w.mx
 	switch {
 	case !w.started:
 		w.started = true
 	case salt != w.salt:
 		w.stats.Restarts++
 		w.stats.Frames += int64(mx)
+		w.endGeneration()
+		from = 0
 	case mx >= w.mx:
 		w.stats.Frames += int64(mx - w.mx)
 	}
+	if w.record && mx > from {
+		if err := w.notePages(from+1, mx); err != nil {
+			w.err = err
+			return
+		}
+	}
 	w.pageSize, w.salt, w.mx = pageSize, salt, mx
+}
+
+// The wal-index keeps the page number of every frame (walformat.html
+// §2.2.1): blocks of 32 KiB, each an array of page numbers followed by a
+// hash table; the first block starts after the 136-byte header and so
+// holds fewer.
+const (
+	walIndexBlock        = 32 << 10
+	walIndexHeader       = 136
+	walIndexFirstFrames  = (walIndexBlock/2 - walIndexHeader) / 4
+	walIndexFramesPerBlk = walIndexBlock / 2 / 4
+)
+
+// framePageOffset is where the wal-index holds frame's page number.
+func framePageOffset(frame uint32) int64 {
+	if frame <= walIndexFirstFrames {
+		return walIndexHeader + int64(frame-1)*4
+	}
+	k := int64(frame - walIndexFirstFrames - 1)
+	return (1+k/walIndexFramesPerBlk)*walIndexBlock + k%walIndexFramesPerBlk*4
+}
+
+// notePages adds the pages of frames from..to (inclusive) to the current
+// generation, reading each block's run of page numbers at once: the hook
+// runs on the writer's thread, inside the commit being measured.
+func (w *walCounter) notePages(from, to uint32) error {
+	if w.gen == nil {
+		w.gen = map[uint32]struct{}{}
+	}
+	for from <= to {
+		last := to
+		if from <= walIndexFirstFrames {
+			last = min(to, walIndexFirstFrames)
+		} else {
+			blockEnd := walIndexFirstFrames + ((from-walIndexFirstFrames-1)/walIndexFramesPerBlk+1)*walIndexFramesPerBlk
+			last = min(to, blockEnd)
+		}
+		buf := make([]byte, 4*(last-from+1))
+		if _, err := w.shm.ReadAt(buf, framePageOffset(from)); err != nil {
+			return fmt.Errorf("read wal-index page numbers: %w", err)
+		}
+		for i := 0; i < len(buf); i += 4 {
+			w.gen[binary.NativeEndian.Uint32(buf[i:])] = struct{}{}
+		}
+		from = last + 1
+	}
+	return nil
+}
+
+// endGeneration files the finished generation's pages, in the page order
+// a checkpoint copies them in.
+func (w *walCounter) endGeneration() {
+	start := len(w.copied)
+	for p := range w.gen {
+		w.copied = append(w.copied, p)
+	}
+	slices.Sort(w.copied[start:])
+	clear(w.gen)
+}
+
+// recordPages starts keeping the pages of each WAL generation from now on.
+func (w *walCounter) recordPages() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.record, w.copied = true, nil
+	clear(w.gen)
+}
+
+// takePages returns the pages each generation since recordPages (or the
+// last takePages) wrote, the current one included (the next checkpoint
+// copies those), and forgets them.
+func (w *walCounter) takePages() []uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.endGeneration()
+	p := w.copied
+	w.copied = nil
+	return p
 }
 
 // sample takes a fresh reading (call it while the writer is idle, so the
