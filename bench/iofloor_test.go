@@ -114,29 +114,34 @@ func (f *ioFloor) serve(prof ioProfile) (adm floorAdmitter, stop func() error) {
 	}
 }
 
-// run is the floor's writer: one goroutine, like the store's.
+// floorWriter is the state of one floor writer.
+type floorWriter struct {
+	db, log     *os.File
+	prof        ioProfile
+	frames      []byte
+	page        []byte
+	logEnd      int64 // end of the frames written since the log started over
+	restart     bool  // a checkpoint completed: the next commit starts over
+	sinceCkpt   int   // events committed since the last checkpoint
+	firstCommit time.Time
+	nextPage    int     // next entry of prof.pages to copy
+	framesOwed  float64 // fractional frames carried to the next batch
+	pagesOwed   float64 // fractional pages carried to the next checkpoint
+}
+
+// floorLogHeader is the size of a WAL file's header.
+const floorLogHeader = 32
+
+// run is the floor's writer: one goroutine, like the store's, committing
+// whatever has queued and checkpointing between batches.
 func (f *ioFloor) run(in <-chan chan struct{}, prof ioProfile) error {
-	db, log := f.db, f.log
-	const logHeader = 32
-	pageSize := prof.frameSize - 24
-	frames := make([]byte, 1<<20)
-	page := make([]byte, prof.frameSize)
-	var (
-		logEnd         int64 // end of the frames written since the log started over
-		restart        bool  // a checkpoint completed: the next commit starts over
-		sinceCkpt      int   // events committed since the last checkpoint
-		firstCommit    time.Time
-		nextPage       int
-		framesOwed     float64 // fractional frames carried to the next batch
-		pagesOwed      float64
-		batch          []chan struct{}
-		interval       = sqlitefs.DefaultCheckpointInterval
-		checkpointable = func() bool { return sinceCkpt > 0 && time.Since(firstCommit) >= interval }
-	)
+	w := &floorWriter{db: f.db, log: f.log, prof: prof, frames: make([]byte, 1<<20), page: make([]byte, prof.frameSize)}
+	interval := sqlitefs.DefaultCheckpointInterval
+	var batch []chan struct{}
 	for {
-		var timeout <-chan time.Time
-		if sinceCkpt > 0 {
-			timeout = time.After(time.Until(firstCommit.Add(interval)))
+		var due <-chan time.Time
+		if w.sinceCkpt > 0 {
+			due = time.After(time.Until(w.firstCommit.Add(interval)))
 		}
 		select {
 		case r, ok := <-in:
@@ -144,7 +149,7 @@ func (f *ioFloor) run(in <-chan chan struct{}, prof ioProfile) error {
 				return nil
 			}
 			batch = append(batch[:0], r)
-		case <-timeout:
+		case <-due:
 		}
 	gather:
 		for len(batch) > 0 {
@@ -159,58 +164,79 @@ func (f *ioFloor) run(in <-chan chan struct{}, prof ioProfile) error {
 			}
 		}
 		if len(batch) > 0 {
-			if restart || logEnd == 0 {
-				if _, err := log.WriteAt(frames[:logHeader], 0); err != nil {
-					return err
-				}
-				if err := log.Sync(); err != nil {
-					return err
-				}
-				logEnd, restart = logHeader, false
-			}
-			framesOwed += prof.framesPerEvent * float64(len(batch))
-			n := int(framesOwed)
-			framesOwed -= float64(n)
-			for left := n * prof.frameSize; left > 0; {
-				chunk := min(left, len(frames))
-				if _, err := log.WriteAt(frames[:chunk], logEnd); err != nil {
-					return err
-				}
-				logEnd += int64(chunk)
-				left -= chunk
-			}
-			if err := log.Sync(); err != nil {
+			if err := w.commit(len(batch)); err != nil {
 				return err
 			}
 			for _, r := range batch {
 				close(r)
 			}
-			if sinceCkpt == 0 {
-				firstCommit = time.Now()
-			}
-			sinceCkpt += len(batch)
 			batch = batch[:0]
 		}
-		if !checkpointable() {
-			continue
-		}
-		pagesOwed += prof.pagesPerEvent * float64(sinceCkpt)
-		n := int(pagesOwed)
-		pagesOwed -= float64(n)
-		for i := range n {
-			pgno := prof.pages[nextPage%len(prof.pages)]
-			nextPage++
-			src := logHeader + int64(i%max(1, int((logEnd-logHeader)/int64(prof.frameSize))))*int64(prof.frameSize)
-			if _, err := log.ReadAt(page, src); err != nil {
-				return fmt.Errorf("floor checkpoint read: %w", err)
-			}
-			if _, err := db.WriteAt(page[24:], int64(pgno-1)*int64(pageSize)); err != nil {
+		if w.sinceCkpt > 0 && time.Since(w.firstCommit) >= interval {
+			if err := w.checkpoint(); err != nil {
 				return err
 			}
 		}
-		if err := db.Sync(); err != nil {
+	}
+}
+
+// commit appends the frames of events events in one write and syncs them,
+// starting the log over first if a checkpoint completed since the last
+// commit.
+func (w *floorWriter) commit(events int) error {
+	if w.restart || w.logEnd == 0 {
+		if _, err := w.log.WriteAt(w.frames[:floorLogHeader], 0); err != nil {
 			return err
 		}
-		sinceCkpt, restart = 0, true
+		if err := w.log.Sync(); err != nil {
+			return err
+		}
+		w.logEnd, w.restart = floorLogHeader, false
 	}
+	w.framesOwed += w.prof.framesPerEvent * float64(events)
+	n := int(w.framesOwed)
+	w.framesOwed -= float64(n)
+	for left := n * w.prof.frameSize; left > 0; {
+		chunk := min(left, len(w.frames))
+		if _, err := w.log.WriteAt(w.frames[:chunk], w.logEnd); err != nil {
+			return err
+		}
+		w.logEnd += int64(chunk)
+		left -= chunk
+	}
+	if err := w.log.Sync(); err != nil {
+		return err
+	}
+	if w.sinceCkpt == 0 {
+		w.firstCommit = time.Now()
+	}
+	w.sinceCkpt += events
+	return nil
+}
+
+// checkpoint copies the store's pages per event for the events since the
+// last checkpoint, each read from a frame of the log as SQLite reads it,
+// into the database file at its page's offset, then syncs that file.
+func (w *floorWriter) checkpoint() error {
+	w.pagesOwed += w.prof.pagesPerEvent * float64(w.sinceCkpt)
+	n := int(w.pagesOwed)
+	w.pagesOwed -= float64(n)
+	pageSize := int64(w.prof.frameSize - 24)
+	logFrames := max(1, (w.logEnd-floorLogHeader)/int64(w.prof.frameSize))
+	for i := range n {
+		pgno := w.prof.pages[w.nextPage%len(w.prof.pages)]
+		w.nextPage++
+		src := floorLogHeader + int64(i)%logFrames*int64(w.prof.frameSize)
+		if _, err := w.log.ReadAt(w.page, src); err != nil {
+			return fmt.Errorf("floor checkpoint read: %w", err)
+		}
+		if _, err := w.db.WriteAt(w.page[24:], int64(pgno-1)*pageSize); err != nil {
+			return err
+		}
+	}
+	if err := w.db.Sync(); err != nil {
+		return err
+	}
+	w.sinceCkpt, w.restart = 0, true
+	return nil
 }
