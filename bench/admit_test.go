@@ -519,15 +519,17 @@ func runLatency(b *testing.B, env *admitEnv, floorFixture string) {
 			continue
 		}
 		b.StopTimer()
-		// The store's deferred work is done before the floor runs, so it
-		// does not slow the floor's round.
-		if err := env.settle(ctx); err != nil {
-			b.Fatal(err)
-		}
 		prof, err := profileRound(env.wal, before, len(o.latency))
 		if err != nil {
 			b.Fatal(err)
 		}
+		// The store's deferred work is done before the floor runs, so it
+		// does not slow the floor's round, and its pages are not the
+		// next round's.
+		if err := env.settle(ctx); err != nil {
+			b.Fatal(err)
+		}
+		env.wal.takePages()
 		walFrames += prof.framesPerEvent * float64(prof.frameSize)
 		ckptPages += prof.pagesPerEvent
 		adm, stop := floor.serve(prof)
