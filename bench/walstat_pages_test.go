@@ -12,10 +12,10 @@ import (
 
 // TestTheWALIndexNamesThePagesTheWALHolds holds the page recording of
 // walCounter to the WAL file itself: every frame header names its page
-// (walformat.html §1), so the pages the counter read from the wal-index
-// must be exactly the pages in the file's frames. One transaction writes
-// more frames than the wal-index's first block holds, and a restart must
-// file the generation whole.
+// (fileformat.html, "WAL File Format"), so the pages the counter read from
+// the wal-index must be exactly the pages in the file's frames. One
+// transaction writes more frames than the wal-index's first block holds,
+// and a restart must file the generation whole.
 func TestTheWALIndexNamesThePagesTheWALHolds(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "pages.db")

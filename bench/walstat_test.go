@@ -151,9 +151,9 @@ func (w *walCounter) observeLocked() {
 	w.pageSize, w.salt, w.mx = pageSize, salt, mx
 }
 
-// The wal-index keeps the page number of every frame (walformat.html
-// §2.2.1): blocks of 32 KiB, each an array of page numbers followed by a
-// hash table; the first block starts after the 136-byte header and so
+// The wal-index keeps the page number of every frame (walformat.html, its
+// hash tables): blocks of 32 KiB, each an array of page numbers followed
+// by a hash table; the first block starts after the 136-byte header and so
 // holds fewer.
 const (
 	walIndexBlock        = 32 << 10
