@@ -230,16 +230,21 @@ func (a *outboxActor) finish(m *sent) {
 	log := a.deps.Log.With().Str("delivery_id", d.DeliveryID).Stringer("stage", d.Stage).Logger()
 	if m.err == nil {
 		a.observe(Accepted, d)
-		if _, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.eventID); err != nil {
+		_, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.eventID)
+		switch {
+		case err == nil:
+			delete(a.backoff, k)
+			a.observe(Acknowledged, d)
+			return
+		case errors.Is(err, journal.ErrInvalidArgument):
+			m.err = invalidAnswer(m.eventID, err)
+		default:
 			// The send stays attempted; the retry reuses its transaction ID,
 			// so the server returns the same event.
 			log.Error().Err(err).Msg("Acknowledge failed")
 			a.delay(k, 0)
 			return
 		}
-		delete(a.backoff, k)
-		a.observe(Acknowledged, d)
-		return
 	}
 	if a.ctx.Err() != nil {
 		return // stopping: the row stays attempted and is recovered on start

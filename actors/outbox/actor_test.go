@@ -567,6 +567,50 @@ func TestForbiddenSendFailsPermanentlyAndIsNeverRetried(t *testing.T) {
 	}
 }
 
+func TestAnAcceptedSendWithoutAValidEventIDFailsOnceAndForAll(t *testing.T) {
+	h := newHarness(t)
+	v := h.principal("helper", "@bot:example.org")
+	// The server's event IDs carry a space: no Matrix event ID does.
+	srv := newFakeHomeserver("broken server")
+	res := h.enqueue(v, journal.EnqueueRequest{DeliveryID: "unrecordable", Content: text("hello")})
+	a := h.spawn(v, srv, nil)
+
+	c := srv.next(h.ctx, t)
+	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel", Content: text("still here")})
+	if id := c.accept(h.ctx, t); journal.ValidEventID(id) {
+		t.Fatalf("the server answered %q, a valid event ID", id)
+	}
+	a.waitFor(outbox.Accepted, "unrecordable", journal.StageFinal)
+
+	// The actor moves on to the next row instead of resending the first.
+	next := srv.next(h.ctx, t)
+	if got, want := next.Delivery.DeliveryID, "sentinel"; got != want {
+		t.Fatalf("send after the invalid answer was %q, want %q", got, want)
+	}
+	next.answer(h.ctx, t, nil)
+	a.waitFor(outbox.Accepted, "sentinel", journal.StageFinal)
+
+	row := h.delivery(v, "unrecordable", journal.StageFinal)
+	if got, want := row.State, journal.DeliveryFailed; got != want {
+		t.Errorf("state = %v, want %v", got, want)
+	}
+	if !strings.Contains(row.LastError, "broken server-1") {
+		t.Errorf("last error = %q, want it to quote the server's answer", row.LastError)
+	}
+	if row.EventID != "" {
+		t.Errorf("event ID = %q, want none recorded", row.EventID)
+	}
+	// A rescan finds nothing to resend: the row has left recovery.
+	h.system.Root.Send(a.pid, &outbox.DeliverPending{})
+	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel-2", Content: text("and here")})
+	if got, want := srv.next(h.ctx, t).Delivery.DeliveryID, "sentinel-2"; got != want {
+		t.Fatalf("send after a rescan was %q, want %q", got, want)
+	}
+	if got, want := srv.Attempts(res.TxnID), 1; got != want {
+		t.Errorf("sends of the unrecordable delivery = %d, want %d", got, want)
+	}
+}
+
 func TestRestartResendsAnAcceptedUnacknowledgedSendWithItsTxnID(t *testing.T) {
 	h := newHarness(t)
 	v := h.principal("helper", "@bot:example.org")

@@ -32,6 +32,25 @@ func (e *SendError) Error() string { return fmt.Sprintf("send: status %d: %v", e
 // Unwrap returns the underlying error.
 func (e *SendError) Unwrap() error { return e.Err }
 
+// ErrInvalidEventID is the outcome of a send the homeserver accepted but
+// answered with something that is not an event ID. The answer cannot be
+// recorded, and a resend under the same transaction ID brings it back, so
+// the delivery fails permanently rather than retrying forever.
+var ErrInvalidEventID = errors.New("homeserver accepted the send but returned no valid event ID")
+
+// maxReportedEventID bounds how much of an invalid answer is kept in the
+// row's last error.
+const maxReportedEventID = 300
+
+// invalidAnswer is the failure recorded for an accepted send whose event ID
+// the store refused.
+func invalidAnswer(eventID string, refusal error) error {
+	if len(eventID) > maxReportedEventID {
+		eventID = eventID[:maxReportedEventID] + "…"
+	}
+	return fmt.Errorf("%w: %q (%v)", ErrInvalidEventID, eventID, refusal)
+}
+
 // verdict is what to do after a failed send.
 type verdict struct {
 	permanent bool
@@ -40,9 +59,12 @@ type verdict struct {
 }
 
 // judge classifies a send failure: a 429 waits as long as the server asks,
-// any other 4xx is permanent, and 5xx or a network error retries with
-// backoff.
+// any other 4xx and an invalid event ID are permanent, and 5xx or a
+// network error retries with backoff.
 func judge(err error) verdict {
+	if errors.Is(err, ErrInvalidEventID) {
+		return verdict{permanent: true}
+	}
 	var se *SendError
 	if !errors.As(err, &se) {
 		return verdict{}
