@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -524,90 +525,85 @@ func TestServerAndNetworkErrorsRetryWithBackoffUnderTheSameTxnID(t *testing.T) {
 	}
 }
 
-func TestForbiddenSendFailsPermanentlyAndIsNeverRetried(t *testing.T) {
-	h := newHarness(t)
-	v := h.principal("helper", "@bot:example.org")
-	srv := newFakeHomeserver("srv")
-	res := h.enqueue(v, journal.EnqueueRequest{DeliveryID: "doomed", Content: text("hello")})
-	a := h.spawn(v, srv, nil)
+// A permanent failure is recorded on the row, which leaves recovery: the
+// actor moves on to the rows behind it and never sends it again.
+func TestAPermanentFailureIsRecordedAndNeverResent(t *testing.T) {
+	cases := []struct {
+		name   string
+		server string
+		// answer ends the first send the way the case fails it.
+		answer func(ctx context.Context, t *testing.T, c *sendCall)
+		// lastError is what the failed row's last error must mention.
+		lastError string
+	}{
+		{
+			name:   "forbidden",
+			server: "srv",
+			answer: func(ctx context.Context, t *testing.T, c *sendCall) {
+				c.fail(ctx, t, &outbox.SendError{Status: 403, Err: errors.New("M_FORBIDDEN")})
+			},
+			lastError: "403",
+		},
+		{
+			// The server accepts, but its event IDs carry a space, which no
+			// Matrix event ID does: the answer cannot be recorded, and a
+			// resend would bring it back.
+			name:   "accepted without a valid event ID",
+			server: "broken server",
+			answer: func(ctx context.Context, t *testing.T, c *sendCall) {
+				if id := c.accept(ctx, t); journal.ValidEventID(id) {
+					t.Fatalf("the server answered %q, a valid event ID", id)
+				}
+			},
+			lastError: "broken server-1",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			v := h.principal("helper", "@bot:example.org")
+			srv := newFakeHomeserver(tc.server)
+			res := h.enqueue(v, journal.EnqueueRequest{DeliveryID: "doomed", Content: text("hello")})
+			a := h.spawn(v, srv, nil)
 
-	c := srv.next(h.ctx, t)
-	// Enqueued while the doomed send is in flight: the actor reaches it only
-	// after it has recorded the 403.
-	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel", Content: text("still here")})
-	c.fail(h.ctx, t, &outbox.SendError{Status: 403, Err: errors.New("M_FORBIDDEN")})
+			c := srv.next(h.ctx, t)
+			// Enqueued while the doomed send is in flight: the actor reaches
+			// it only after it has recorded the failure.
+			h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel", Content: text("still here")})
+			tc.answer(h.ctx, t, c)
 
-	next := srv.next(h.ctx, t)
-	if got, want := next.Delivery.DeliveryID, "sentinel"; got != want {
-		t.Fatalf("send after the 403 was %q, want %q", got, want)
-	}
-	next.accept(h.ctx, t)
-	a.waitFor(outbox.Acknowledged, "sentinel", journal.StageFinal)
-	h.system.Root.Send(a.pid, &outbox.DeliverPending{})
-	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel-2", Content: text("and here")})
-	next = srv.next(h.ctx, t)
-	if got, want := next.Delivery.DeliveryID, "sentinel-2"; got != want {
-		t.Fatalf("send after a rescan was %q, want %q", got, want)
-	}
-	next.accept(h.ctx, t)
-	a.waitFor(outbox.Acknowledged, "sentinel-2", journal.StageFinal)
+			next := srv.next(h.ctx, t)
+			if got, want := next.Delivery.DeliveryID, "sentinel"; got != want {
+				t.Fatalf("send after the failure was %q, want %q", got, want)
+			}
+			next.answer(h.ctx, t, nil)
+			a.waitFor(outbox.Accepted, "sentinel", journal.StageFinal)
+			h.system.Root.Send(a.pid, &outbox.DeliverPending{})
+			h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel-2", Content: text("and here")})
+			next = srv.next(h.ctx, t)
+			if got, want := next.Delivery.DeliveryID, "sentinel-2"; got != want {
+				t.Fatalf("send after a rescan was %q, want %q", got, want)
+			}
+			next.answer(h.ctx, t, nil)
+			a.waitFor(outbox.Accepted, "sentinel-2", journal.StageFinal)
 
-	row := h.delivery(v, "doomed", journal.StageFinal)
-	if got, want := row.State, journal.DeliveryFailed; got != want {
-		t.Errorf("state = %v, want %v", got, want)
-	}
-	if !strings.Contains(row.LastError, "403") {
-		t.Errorf("last error = %q, want it to mention 403", row.LastError)
-	}
-	if got := h.unacknowledged(v); len(got) != 0 {
-		t.Errorf("unacknowledged = %v, want none (a failed row leaves recovery)", got)
-	}
-	if got, want := srv.Attempts(res.TxnID), 1; got != want {
-		t.Errorf("sends of the doomed delivery = %d, want %d", got, want)
-	}
-}
-
-func TestAnAcceptedSendWithoutAValidEventIDFailsOnceAndForAll(t *testing.T) {
-	h := newHarness(t)
-	v := h.principal("helper", "@bot:example.org")
-	// The server's event IDs carry a space: no Matrix event ID does.
-	srv := newFakeHomeserver("broken server")
-	res := h.enqueue(v, journal.EnqueueRequest{DeliveryID: "unrecordable", Content: text("hello")})
-	a := h.spawn(v, srv, nil)
-
-	c := srv.next(h.ctx, t)
-	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel", Content: text("still here")})
-	if id := c.accept(h.ctx, t); journal.ValidEventID(id) {
-		t.Fatalf("the server answered %q, a valid event ID", id)
-	}
-	a.waitFor(outbox.Accepted, "unrecordable", journal.StageFinal)
-
-	// The actor moves on to the next row instead of resending the first.
-	next := srv.next(h.ctx, t)
-	if got, want := next.Delivery.DeliveryID, "sentinel"; got != want {
-		t.Fatalf("send after the invalid answer was %q, want %q", got, want)
-	}
-	next.answer(h.ctx, t, nil)
-	a.waitFor(outbox.Accepted, "sentinel", journal.StageFinal)
-
-	row := h.delivery(v, "unrecordable", journal.StageFinal)
-	if got, want := row.State, journal.DeliveryFailed; got != want {
-		t.Errorf("state = %v, want %v", got, want)
-	}
-	if !strings.Contains(row.LastError, "broken server-1") {
-		t.Errorf("last error = %q, want it to quote the server's answer", row.LastError)
-	}
-	if row.EventID != "" {
-		t.Errorf("event ID = %q, want none recorded", row.EventID)
-	}
-	// A rescan finds nothing to resend: the row has left recovery.
-	h.system.Root.Send(a.pid, &outbox.DeliverPending{})
-	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "sentinel-2", Content: text("and here")})
-	if got, want := srv.next(h.ctx, t).Delivery.DeliveryID, "sentinel-2"; got != want {
-		t.Fatalf("send after a rescan was %q, want %q", got, want)
-	}
-	if got, want := srv.Attempts(res.TxnID), 1; got != want {
-		t.Errorf("sends of the unrecordable delivery = %d, want %d", got, want)
+			row := h.delivery(v, "doomed", journal.StageFinal)
+			if got, want := row.State, journal.DeliveryFailed; got != want {
+				t.Errorf("state = %v, want %v", got, want)
+			}
+			if !strings.Contains(row.LastError, tc.lastError) {
+				t.Errorf("last error = %q, want it to mention %q", row.LastError, tc.lastError)
+			}
+			if row.EventID != "" {
+				t.Errorf("event ID = %q, want none recorded", row.EventID)
+			}
+			if got := h.unacknowledged(v); slices.Contains(got, "doomed/"+journal.StageFinal.String()) {
+				t.Errorf("unacknowledged = %v, want the failed row gone from recovery", got)
+			}
+			if got, want := srv.Attempts(res.TxnID), 1; got != want {
+				t.Errorf("sends of the doomed delivery = %d, want %d", got, want)
+			}
+		})
 	}
 }
 
