@@ -501,8 +501,7 @@ func runLatency(b *testing.B, env *admitEnv, floorFixture string) {
 	}
 	var (
 		all, floorAll offered
-		walFrames     float64
-		ckptPages     float64
+		profiles      []ioProfile
 	)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -519,27 +518,8 @@ func runLatency(b *testing.B, env *admitEnv, floorFixture string) {
 			continue
 		}
 		b.StopTimer()
-		prof, err := profileRound(env.wal, before, len(o.latency))
-		if err != nil {
-			b.Fatal(err)
-		}
-		// The store's deferred work is done before the floor runs, so it
-		// does not slow the floor's round, and its pages are not the
-		// next round's.
-		if err := env.settle(ctx); err != nil {
-			b.Fatal(err)
-		}
-		env.wal.takePages()
-		walFrames += prof.framesPerEvent * float64(prof.frameSize)
-		ckptPages += prof.pagesPerEvent
-		adm, stop := floor.serve(prof)
-		fo, err := offerLoad(ctx, adm, pl, sz.latencyEvents, offeredRate)
-		if stopErr := stop(); err == nil {
-			err = stopErr
-		}
-		if err != nil {
-			b.Fatalf("io floor: %v", err)
-		}
+		prof, fo := floorRound(b, env, floor, pl, before, len(o.latency))
+		profiles = append(profiles, prof)
 		floorAll.add(fo)
 		b.StartTimer()
 	}
@@ -554,9 +534,42 @@ func runLatency(b *testing.B, env *admitEnv, floorFixture string) {
 		reportMillis(b, floorAll.latency, 50, "floor-p50-ms")
 		reportMillis(b, floorAll.latency, 99, "floor-p99-ms")
 		b.ReportMetric(float64(percentile(all.latency, 99))/float64(percentile(floorAll.latency, 99)), "p99/floor")
-		b.ReportMetric(walFrames/float64(b.N), "walB/ev")
-		b.ReportMetric(ckptPages/float64(b.N), "ckpt-pages/ev")
+		var walPerEvent, pagesPerEvent float64
+		for _, p := range profiles {
+			walPerEvent += p.framesPerEvent * float64(p.frameSize)
+			pagesPerEvent += p.pagesPerEvent
+		}
+		b.ReportMetric(walPerEvent/float64(len(profiles)), "walB/ev")
+		b.ReportMetric(pagesPerEvent/float64(len(profiles)), "ckpt-pages/ev")
 	}
+}
+
+// floorRound follows a store round of events events, begun at WAL sample
+// before, with a round of the I/O floor replaying its disk work, and
+// returns the round's profile and what the floor measured.
+func floorRound(b *testing.B, env *admitEnv, floor *ioFloor, pl *planner, before walStats, events int) (ioProfile, offered) {
+	b.Helper()
+	ctx := context.Background()
+	prof, err := profileRound(env.wal, before, events)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The store's deferred work is done before the floor runs, so it does
+	// not slow the floor's round; its pages are dropped, not the next
+	// round's.
+	if err := env.settle(ctx); err != nil {
+		b.Fatal(err)
+	}
+	env.wal.takePages()
+	adm, stop := floor.serve(prof)
+	fo, err := offerLoad(ctx, adm, pl, events, offeredRate)
+	if stopErr := stop(); err == nil {
+		err = stopErr
+	}
+	if err != nil {
+		b.Fatalf("io floor: %v", err)
+	}
+	return prof, fo
 }
 
 // reportMillis reports the pct-th percentile of d in milliseconds.

@@ -51,9 +51,10 @@ type walCounter struct {
 	// With record set, the counter also keeps the page numbers each WAL
 	// generation wrote (the pages the checkpoint before its restart
 	// copied into the database file), for the I/O floor (iofloor_test.go).
-	record bool
-	gen    map[uint32]struct{}
-	copied []uint32
+	record  bool
+	gen     map[uint32]struct{}
+	copied  []uint32
+	scratch []byte // page numbers read from the wal-index, reused per commit
 }
 
 // walStats are cumulative counts since the counter was installed.
@@ -186,7 +187,8 @@ func (w *walCounter) notePages(from, to uint32) error {
 			blockEnd := walIndexFirstFrames + ((from-walIndexFirstFrames-1)/walIndexFramesPerBlk+1)*walIndexFramesPerBlk
 			last = min(to, blockEnd)
 		}
-		buf := make([]byte, 4*(last-from+1))
+		buf := slices.Grow(w.scratch[:0], int(4*(last-from+1)))[:4*(last-from+1)]
+		w.scratch = buf
 		if _, err := w.shm.ReadAt(buf, framePageOffset(from)); err != nil {
 			return fmt.Errorf("read wal-index page numbers: %w", err)
 		}
