@@ -35,10 +35,9 @@ const offeredRate = 2000
 // the I/O floor's p50 and p99 in turns beside it (floor-p50-ms,
 // floor-p99-ms, p99/floor; iofloor_test.go), the WAL bytes per event at
 // that load and the pages its checkpoints copied per event
-// (ckpt-pages/ev); and "ratios", group/naive
-// and group/one-per-tx (256 senders), measured in rounds taken in turn on
-// fresh copies so that the VM's drift over the run moves both sides of a
-// ratio alike (runRatios).
+// (ckpt-pages/ev); and "ratios", group/naive and group/one-per-tx (256
+// senders), measured in rounds taken in turn on fresh copies so that the
+// VM's drift over the run moves both sides of a ratio alike (runRatios).
 //
 // Metrics per run: events/s, and events admitted per round (a round ends
 // after 30,000 events or 15 s, whichever comes first); walB/ev, WAL bytes

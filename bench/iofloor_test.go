@@ -138,10 +138,15 @@ func (f *ioFloor) run(in <-chan chan struct{}, prof ioProfile) error {
 	w := &floorWriter{db: f.db, log: f.log, prof: prof, frames: make([]byte, 1<<20), page: make([]byte, prof.frameSize)}
 	interval := sqlitefs.DefaultCheckpointInterval
 	var batch []chan struct{}
+	// One timer for the checkpoint deadline, reset each time round, so the
+	// loop allocates nothing per batch.
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
 	for {
 		var due <-chan time.Time
 		if w.sinceCkpt > 0 {
-			due = time.After(time.Until(w.firstCommit.Add(interval)))
+			timer.Reset(time.Until(w.firstCommit.Add(interval)))
+			due = timer.C
 		}
 		select {
 		case r, ok := <-in:
