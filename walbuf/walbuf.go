@@ -11,19 +11,37 @@
 //
 // The buffer is passed on before anything can observe the file: before a
 // sync, a truncate, a size query, a file control, a read that overlaps it,
-// a write elsewhere in the file, and the close. It is also passed on as soon
-// as a commit frame is complete, so a connection that commits without a
-// sync still has its frames in the file before SQLite publishes the commit
-// in the shared WAL index.
+// a write elsewhere in the file, and the close. It is also passed on with a
+// commit frame's page, and every write SQLite still makes for that commit
+// goes straight to the file: the frame headers it rewrites when a
+// transaction dirtied again pages it had spilled to the WAL (the commit
+// frame's header last, with no page after it), and the padding to a sector
+// boundary. SQLite publishes a commit in the shared WAL index as soon as
+// those writes return, at NORMAL and OFF without a sync, so a commit that
+// other connections can see, or that a SIGKILL interrupts after COMMIT
+// returned, is whole in the file. What a transaction spilled and then rolled
+// back is dropped, never passed on over another connection's frames.
 //
 // A WAL sync with nothing to make durable is skipped. A checkpoint starts by
 // syncing the WAL, but with synchronous=FULL every commit already has, and
 // on this project's disks that wasted sync was about a tenth of a
 // checkpoint, during which the writer waits. The VFS counts, per file and
 // across all of this process's handles on it, the writes passed on and the
-// writes a completed sync covered; a sync runs unless the two are equal. A
-// file's first sync in a process always runs. This assumes, as the journal
-// does, that one process writes the file.
+// writes a completed sync covered, by the sync's flags; a sync runs unless
+// an earlier one at least as strong covered every write. A request with
+// SQLITE_SYNC_FULL (PRAGMA fullfsync or checkpoint_fullfsync; F_FULLFSYNC
+// on macOS) is covered only by an earlier FULL sync, one without
+// SQLITE_SYNC_DATAONLY only by an earlier sync without it, and a NORMAL
+// DATAONLY one by any sync. A file's first sync in a process always runs,
+// as does any sync of a file whose identity could not be read and any
+// request with flags this VFS does not know.
+//
+// The counts, like the record of which handle writes the file, are this
+// process's: they assume that no other process writes the WAL while this
+// one has it open, and that this process writes it only through this VFS.
+// A write they cannot see would let a sync be skipped with that write not
+// durable. The journal enforces the first when it opens the file: a second
+// process that opens it for writing gets an error.
 package walbuf
 
 /*

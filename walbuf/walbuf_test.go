@@ -1,12 +1,18 @@
 package walbuf_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	_ "github.com/mattn/go-sqlite3"
@@ -14,12 +20,100 @@ import (
 	"github.com/mindroomd/mindroomd/walbuf"
 )
 
+// The kill proof re-executes this test binary as a child that commits one
+// transaction, says so on stdout and waits to be killed. These name the
+// child's database and its synchronous setting.
+const (
+	killChildDBEnv   = "WALBUF_KILL_CHILD_DB"
+	killChildSyncEnv = "WALBUF_KILL_CHILD_SYNCHRONOUS"
+)
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(killChildDBEnv); path != "" {
+		if err := commitThenWait(path, os.Getenv(killChildSyncEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		// Stdin closed without a kill: the parent is gone.
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// The rewritten transaction: rewriteRows rows of rewriteSize bytes, a page
+// of 1 KiB each, and a page cache of rewriteCache pages.
+const (
+	rewriteRows  = 200
+	rewriteSize  = 900
+	rewriteCache = 10
+)
+
+// commitThenWait is the child: it commits a transaction that rewrites
+// frames it already spilled, prints "committed" once the commit returned,
+// and then blocks until it is killed.
+func commitThenWait(path, synchronous string) error {
+	db, err := openDB(path, true, "PRAGMA page_size = 1024", "PRAGMA synchronous = "+synchronous,
+		"PRAGMA cache_size = "+fmt.Sprint(rewriteCache), "PRAGMA wal_autocheckpoint = 0")
+	if err != nil {
+		return err
+	}
+	if _, err := db.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`); err != nil {
+		return err
+	}
+	// Each row holds body(i + k*rewriteRows) at stage k, down to body(i)
+	// once committed.
+	err = write(db, func(tx *sql.Tx) error {
+		for i := 0; i < rewriteRows; i++ {
+			if _, err := tx.Exec(`INSERT INTO t (id, body) VALUES (?, ?)`, i, body(i+2*rewriteRows, rewriteSize)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("insert: %w", err)
+	}
+	// Ten pages of cache for two hundred updated pages: the first pass
+	// spills most of them to the WAL, the second dirties them again, so
+	// SQLite overwrites those frames in place and, at the commit, rewrites
+	// the checksum of every frame from the first overwritten one on, the
+	// commit frame's header last.
+	err = write(db, func(tx *sql.Tx) error {
+		for stage := 1; stage >= 0; stage-- {
+			for i := 0; i < rewriteRows; i++ {
+				if _, err := tx.Exec(`UPDATE t SET body = ? WHERE id = ?`, body(i+stage*rewriteRows, rewriteSize), i); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rewrite: %w", err)
+	}
+	// os.Stdout is unbuffered: the line is in the pipe when this returns.
+	if _, err := fmt.Fprintln(os.Stdout, "committed"); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, os.Stdin)
+	return err
+}
+
 // open opens path through the gathering VFS (or the default one) with one
 // connection, so the pragmas stick.
 func open(t *testing.T, path string, gathering bool, pragmas ...string) *sql.DB {
 	t.Helper()
-	if err := walbuf.Register(); err != nil {
+	db, err := openDB(path, gathering, pragmas...)
+	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func openDB(path string, gathering bool, pragmas ...string) (*sql.DB, error) {
+	if err := walbuf.Register(); err != nil {
+		return nil, err
 	}
 	q := url.Values{}
 	if gathering {
@@ -28,17 +122,17 @@ func open(t *testing.T, path string, gathering bool, pragmas ...string) *sql.DB 
 	u := url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}
 	db, err := sql.Open("sqlite3", u.String())
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	db.SetMaxOpenConns(1)
-	t.Cleanup(func() { _ = db.Close() })
 	// page_size only applies before the file turns to WAL.
 	for _, p := range append(pragmas, "PRAGMA journal_mode = WAL") {
 		if _, err := db.Exec(p); err != nil {
-			t.Fatalf("%s: %v", p, err)
+			_ = db.Close()
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 	}
-	return db
+	return db, nil
 }
 
 func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {
@@ -51,19 +145,31 @@ func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {
 // fill inserts rows of size bytes, in one transaction.
 func fill(t *testing.T, db *sql.DB, from, rows, size int) {
 	t.Helper()
+	if err := write(db, func(tx *sql.Tx) error { return insert(tx, from, rows, size) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// write runs fn in one transaction and commits it.
+func write(db *sql.DB, fn func(*sql.Tx) error) error {
 	tx, err := db.Begin()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer func() { _ = tx.Rollback() }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func insert(tx *sql.Tx, from, rows, size int) error {
 	for i := from; i < from+rows; i++ {
 		if _, err := tx.Exec(`INSERT INTO t (id, body) VALUES (?, ?)`, i, body(i, size)); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	return nil
 }
 
 func body(i, size int) []byte {
@@ -254,4 +360,123 @@ func TestTheFirstSyncOfAFileNotWrittenThroughTheVFSRuns(t *testing.T) {
 	if synced < 1 {
 		t.Fatal("a checkpoint of commits made through another VFS ran no WAL sync")
 	}
+}
+
+// A transaction that spilled pages and dirtied them again before COMMIT
+// ends in SQLite rewriting frame headers in place, the commit frame's last.
+// Once COMMIT has returned, every byte of it must be in the file, whatever
+// the synchronous setting: the child is killed with nothing flushed or
+// closed, and a fresh process recovering the WAL must find the commit.
+func TestATransactionThatRewroteSpilledFramesSurvivesAKillRightAfterCommit(t *testing.T) {
+	for _, synchronous := range []string{"OFF", "NORMAL", "FULL"} {
+		t.Run(synchronous, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "j.db")
+			killAfterCommit(t, path, synchronous)
+			if _, err := os.Stat(path + "-wal"); err != nil {
+				t.Fatalf("the killed child left no WAL to recover: %v", err)
+			}
+			verify(t, open(t, path, false), rewriteRows, rewriteSize)
+		})
+	}
+}
+
+// killAfterCommit runs commitThenWait in a child process on path and
+// SIGKILLs it as soon as it reports the commit.
+func killAfterCommit(t *testing.T, path, synchronous string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), killChildDBEnv+"="+path, killChildSyncEnv+"="+synchronous)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	if line != "committed\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("child said %q before committing; stderr:\n%s", line, stderr.String())
+	}
+	// SIGKILL: no deferred code, no close, no flush runs in the child.
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child ended with %v, want killed by SIGKILL; stderr:\n%s", cmd.ProcessState, stderr.String())
+	}
+}
+
+// A checkpoint connection with checkpoint_fullfsync asks for a full fsync
+// (SQLITE_SYNC_FULL, F_FULLFSYNC where the system has it) of the WAL. Commits
+// that synced it with a plain fsync leave that undone, so it runs; commits
+// that made full fsyncs themselves leave nothing for it to do.
+func TestAFullFsyncOfTheWALIsSkippedOnlyAfterFullFsyncs(t *testing.T) {
+	for _, tc := range []struct {
+		commits  string
+		wantSync bool
+	}{
+		{"PRAGMA fullfsync = 0", true},
+		{"PRAGMA fullfsync = 1", false},
+	} {
+		path := filepath.Join(t.TempDir(), "j.db")
+		writer := open(t, path, true, "PRAGMA synchronous = FULL", tc.commits, "PRAGMA wal_autocheckpoint = 0")
+		checkpointer := open(t, path, true, "PRAGMA checkpoint_fullfsync = 1")
+		mustExec(t, writer, `CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`)
+		fill(t, writer, 0, 10, 100)
+		synced, skipped := syncsDuring(func() { mustExec(t, checkpointer, `PRAGMA wal_checkpoint(PASSIVE)`) })
+		if tc.wantSync && synced != 1 {
+			t.Fatalf("a full-fsync checkpoint after commits with %s ran %d WAL syncs and skipped %d, want 1 run", tc.commits, synced, skipped)
+		}
+		if !tc.wantSync && (synced != 0 || skipped != 1) {
+			t.Fatalf("a full-fsync checkpoint after commits with %s ran %d WAL syncs and skipped %d, want 0 and 1", tc.commits, synced, skipped)
+		}
+	}
+}
+
+// A transaction that spilled pages and rolled back leaves frames SQLite
+// abandons; the next transaction, here another connection's, writes its own
+// frames over them. Whatever of the abandoned frames the first connection
+// still holds must not reach the file after that, as its close would pass
+// it on.
+func TestFramesOfARolledBackSpillNeverOverwriteAnotherConnectionsCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	spiller := open(t, path, true, "PRAGMA page_size = 1024", "PRAGMA synchronous = FULL",
+		"PRAGMA cache_size = "+fmt.Sprint(rewriteCache), "PRAGMA wal_autocheckpoint = 0")
+	committer := open(t, path, true, "PRAGMA synchronous = FULL")
+	mustExec(t, spiller, `CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)`)
+	fill(t, spiller, 0, 40, 900)
+	tx, err := spiller.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 40; i++ {
+		if _, err := tx.Exec(`UPDATE t SET body = ? WHERE id = ?`, body(1000+i, 900), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, committer, `DELETE FROM t`)
+	fill(t, committer, 0, 40, 900)
+	if err := spiller.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := openDB(path, false)
+	if err != nil {
+		t.Fatalf("a fresh connection after the spiller closed: %v", err)
+	}
+	t.Cleanup(func() { _ = fresh.Close() })
+	verify(t, fresh, 40, 900)
 }
