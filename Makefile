@@ -6,7 +6,7 @@ BENCHTIME ?= 3x
 # BENCH_N sizes the conversation the walk and deep-page benchmarks build.
 BENCH_N   ?= 1000000
 
-.PHONY: build test test-short bench bench-smoke lint
+.PHONY: build test test-short bench bench-smoke lint fuzz
 
 build:
 	$(GO) build -o bin/mindroomd ./cmd/mindroomd
@@ -14,6 +14,7 @@ build:
 test: lint
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(MAKE) bench-smoke
+	$(MAKE) fuzz FUZZTIME=3s
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
@@ -30,3 +31,13 @@ bench-smoke:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1)
 	$(GO) vet $(PKGS)
+
+# Each fuzz target for FUZZTIME. A newly interesting input is minimised for
+# at most FUZZMINIMIZETIME runs: by time, one large input (a 70 KiB seed)
+# can stall the whole run minimising.
+FUZZTIME         ?= 60s
+FUZZMINIMIZETIME ?= 100x
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEvent$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./journal/
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./journal/
+	$(GO) test -run '^$$' -fuzz '^FuzzAdmitBatch$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./store/

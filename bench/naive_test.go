@@ -302,7 +302,7 @@ func (n *naiveStore) admitTx(tx *writer.Tx, principal int, in sqlitefs.Parsed, t
 	if err != nil {
 		return false, err
 	}
-	class := journal.Classify(ev, self)
+	class := journal.Classify(ev, self, false)
 	var epoch int64
 	if err := st(naiveSelectEpoch).QueryRow(pid, ev.RoomID).Scan(&epoch); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return false, err

@@ -44,6 +44,9 @@ const (
 	dBot2   = "@courier2:example.org" // the same agent after a re-login
 	dPerson = "@person:example.org"
 	dDevice = "DEVICEA"
+	// dServerEpochMS is where the homeserver's clock stands when the areas'
+	// sends begin, after every timestamp they give a message.
+	dServerEpochMS = 1_000_000
 )
 
 // dfx is one fresh backend with its open store and the default agent view.
@@ -52,6 +55,10 @@ type dfx struct {
 	b Backend
 	s journal.Store
 	v journal.PrincipalStore
+	// serverTS is the homeserver's clock as the fixtures' sends see it: each
+	// acknowledged send is stamped one millisecond after the last, later
+	// than every message the areas admit.
+	serverTS int64
 }
 
 func newDFX(t *testing.T, f Factory) *dfx {
@@ -216,9 +223,15 @@ func (x *dfx) claimErr(v journal.PrincipalStore, id string, stage journal.Stage,
 	}
 }
 
+// ack acknowledges id/stage as accepted by the homeserver under eventID, at
+// the next tick of the server's clock.
 func (x *dfx) ack(v journal.PrincipalStore, id string, stage journal.Stage, eventID string) journal.AckResult {
 	x.t.Helper()
-	r, err := v.Acknowledge(context.Background(), id, stage, eventID)
+	if x.serverTS == 0 {
+		x.serverTS = dServerEpochMS
+	}
+	x.serverTS++
+	r, err := v.Acknowledge(context.Background(), id, stage, journal.Sent{EventID: eventID, ServerTS: x.serverTS})
 	if err != nil {
 		x.t.Fatalf("Acknowledge(%s/%s, %s): %v", id, stage, eventID, err)
 	}

@@ -335,6 +335,30 @@ func TestMembershipEpoch(t *testing.T, f Factory) {
 		same(t, "screen with late arrivals", x.screen(x.v, dRoom), []string{"$late:original", "$gone:unredacted here"})
 	})
 
+	t.Run("MessagesSyncedAfterALeaveAreNeverOwedAnAnswer", func(t *testing.T) {
+		// Sent before the leave, delivered by the next sync after it: they
+		// belong to the membership that ended.
+		x := newDFX(t, f)
+		x.admit(x.v, dRoom, dText("$q1", 1000, "before"))
+		x.fence(x.v, dRoom, journal.DepartureLocal, "")
+		x.admit(x.v, dRoom, dText("$q2", 1001, "late"), dImage("$i2", 1002), dReact("$re2", 1003, "$q1"),
+			dEditOf("$e2", 1004, "$q1", "edited late"), dRedact("$x2", 1005, "$q1"))
+		same(t, "pending while out", x.pendingIDs(x.v), []string{})
+		same(t, "screen while out", x.screen(x.v, dRoom), []string{})
+		x.refuse(x.v, answer("d1", journal.StageFinal, dRoom, "answer", "$q2"), journal.ErrMembershipEnded)
+
+		x.join(x.v, dRoom, "join-1")
+		same(t, "pending after the rejoin", x.pendingIDs(x.v), []string{})
+		same(t, "screen after the rejoin", x.screen(x.v, dRoom), []string{})
+		same(t, "the late events are duplicates", x.admitOutcomes(x.v, dRoom, dText("$q2", 1001, "late")),
+			[]journal.Outcome{journal.Duplicate})
+		x.admit(x.v, dRoom, dText("$q3", 2000, "after"))
+		same(t, "pending of the new membership", x.pendingIDs(x.v), []string{"$q3"})
+		same(t, "screen of the new membership", x.screen(x.v, dRoom), []string{"$q3:after"})
+		x.restart()
+		same(t, "pending after a restart", x.pendingIDs(x.v), []string{"$q3"})
+	})
+
 	t.Run("TheFenceSettlesTurnWorkButNotCleanup", func(t *testing.T) {
 		x := newDFX(t, f)
 		x.admit(x.v, dRoom2, dText("$r1", 900, "elsewhere"))
@@ -581,6 +605,31 @@ func TestMembershipFence(t *testing.T, f Factory) {
 		x.claim(x.v, "d1", journal.StageFinal)
 		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true, Projected: true})
 		same(t, "screen with the answer", x.screen(x.v, dRoom), []string{"$n1:new question", "$a1:answer"})
+	})
+
+	t.Run("AKickAfterARejoinFencesThoughALeaveEchoIsStillOwed", func(t *testing.T) {
+		// The echo of the local leave never came (a gap in sync); a kick
+		// after the rejoin is someone else's act, never that echo.
+		x := newDFX(t, f)
+		x.fence(x.v, dRoom, journal.DepartureLocal, "")
+		x.join(x.v, dRoom, "join-1")
+		x.admit(x.v, dRoom, dText("$n1", 2000, "new question"))
+		same(t, "kick", x.fence(x.v, dRoom, journal.DepartureRemoved, "kick-1"), journal.Fenced)
+		same(t, "membership", x.membership(x.v, dRoom), "epoch 2, out")
+		same(t, "screen", x.screen(x.v, dRoom), []string{})
+		same(t, "pending", x.pendingIDs(x.v), []string{})
+		same(t, "kick replayed", x.fence(x.v, dRoom, journal.DepartureRemoved, "kick-1"), journal.RepeatedReport)
+		// The late echo is still absorbed: it fences nothing twice.
+		same(t, "late echo", x.fence(x.v, dRoom, journal.DepartureReported, "leave-1"), journal.OwedReportConsumed)
+		same(t, "membership after the echo", x.membership(x.v, dRoom), "epoch 2, out")
+	})
+
+	t.Run("AKickWhileOutOfTheRoomChangesNothing", func(t *testing.T) {
+		x := newDFX(t, f)
+		x.fence(x.v, dRoom, journal.DepartureLocal, "")
+		same(t, "kick", x.fence(x.v, dRoom, journal.DepartureRemoved, "kick-1"), journal.AlreadyFenced)
+		same(t, "membership", x.membership(x.v, dRoom), "epoch 1, out")
+		same(t, "owing", x.owing(x.v), []string{dRoom})
 	})
 
 	t.Run("ARestartBetweenTheFenceAndItsReportAbsorbsTheReport", func(t *testing.T) {

@@ -134,10 +134,7 @@ func TestOutbox(t *testing.T, f Factory) {
 		x.enqueue(x.v, req)
 		first := x.claim(x.v, "d1", journal.StageFinal)
 		x.restart()
-		d, err := x.v.Claim(context.Background(), "d1", journal.StageFinal, "ANOTHERDEVICE")
-		if err != nil {
-			t.Fatalf("reclaim: %v", err)
-		}
+		d := x.claim(x.v, "d1", journal.StageFinal)
 		same(t, "txn", d.TxnID, first.TxnID)
 		same(t, "content", string(d.Content), string(first.Content))
 		same(t, "room", d.RoomID, first.RoomID)
@@ -146,7 +143,6 @@ func TestOutbox(t *testing.T, f Factory) {
 		same(t, "replaces", d.ReplacesEventID, first.ReplacesEventID)
 		same(t, "epoch", d.Epoch, first.Epoch)
 		same(t, "state", d.State, journal.DeliveryAttempted)
-		// The homeserver deduplicates per device: the first device stays.
 		same(t, "device", d.DeviceID, dDevice)
 		same(t, "attempts", d.Attempts, 2)
 		w1, err := journal.WireContent(first)
@@ -158,6 +154,50 @@ func TestOutbox(t *testing.T, f Factory) {
 			t.Fatal(err)
 		}
 		same(t, "wire content", string(w2), string(w1))
+	})
+
+	t.Run("AnotherDeviceResendsAnAttemptedRowOnlyAfterAdoptingIt", func(t *testing.T) {
+		// The homeserver deduplicates transaction IDs per device: a resend
+		// from a new device could show the reply twice, so the row is
+		// refused to it until a search of the room found no copy.
+		x := newDFX(t, f)
+		x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "answer"))
+		first := x.claim(x.v, "d1", journal.StageFinal)
+		x.restart()
+		d, err := x.v.Claim(context.Background(), "d1", journal.StageFinal, "NEWDEVICE")
+		if !errors.Is(err, journal.ErrDeviceChanged) {
+			t.Fatalf("claim from a new device = %v, %v; want %v", d.State, err, journal.ErrDeviceChanged)
+		}
+		same(t, "device after the refusal", x.delivery(x.v, "d1", journal.StageFinal).DeviceID, dDevice)
+		if err := x.v.AdoptDevice(context.Background(), "d1", journal.StageFinal, "NEWDEVICE"); err != nil {
+			t.Fatalf("AdoptDevice: %v", err)
+		}
+		d, err = x.v.Claim(context.Background(), "d1", journal.StageFinal, "NEWDEVICE")
+		if err != nil {
+			t.Fatalf("claim after adopting: %v", err)
+		}
+		same(t, "device", d.DeviceID, "NEWDEVICE")
+		same(t, "txn", d.TxnID, first.TxnID)
+		same(t, "content", string(d.Content), string(first.Content))
+		if _, err := x.v.Claim(context.Background(), "d1", journal.StageFinal, dDevice); !errors.Is(err, journal.ErrDeviceChanged) {
+			t.Fatalf("claim from the old device after the adoption = %v, want %v", err, journal.ErrDeviceChanged)
+		}
+	})
+
+	t.Run("OnlyAnAttemptedRowCanBeAdopted", func(t *testing.T) {
+		x := newDFX(t, f)
+		x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "answer"))
+		if err := x.v.AdoptDevice(context.Background(), "d1", journal.StageFinal, "NEWDEVICE"); !errors.Is(err, journal.ErrNotClaimable) {
+			t.Fatalf("adopting a queued row = %v, want %v", err, journal.ErrNotClaimable)
+		}
+		x.claim(x.v, "d1", journal.StageFinal)
+		x.ack(x.v, "d1", journal.StageFinal, "$a1")
+		if err := x.v.AdoptDevice(context.Background(), "d1", journal.StageFinal, "NEWDEVICE"); !errors.Is(err, journal.ErrNotClaimable) {
+			t.Fatalf("adopting an acknowledged row = %v, want %v", err, journal.ErrNotClaimable)
+		}
+		if err := x.v.AdoptDevice(context.Background(), "d9", journal.StageFinal, "NEWDEVICE"); !errors.Is(err, journal.ErrNoDelivery) {
+			t.Fatalf("adopting a missing row = %v, want %v", err, journal.ErrNoDelivery)
+		}
 	})
 
 	t.Run("OnlyOneOfTwoConcurrentClaimsSeesAnUnattemptedRow", func(t *testing.T) {
@@ -378,7 +418,7 @@ func TestOutbox(t *testing.T, f Factory) {
 				return err
 			}()},
 			{"Acknowledge", func() error {
-				_, err := other.Acknowledge(context.Background(), "d1", journal.StageFinal, "$x")
+				_, err := other.Acknowledge(context.Background(), "d1", journal.StageFinal, journal.Sent{EventID: "$x", ServerTS: dServerEpochMS})
 				return err
 			}()},
 			{"Fail", other.Fail(context.Background(), "d1", journal.StageFinal, "x", true)},
@@ -412,7 +452,7 @@ func TestOutbox(t *testing.T, f Factory) {
 		same(t, "scan", x.unacked(x.v), []string{})
 		x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "a"))
 		x.claim(x.v, "d1", journal.StageFinal)
-		if _, err := x.v.Acknowledge(context.Background(), "d1", journal.StageFinal, "not-an-event"); !errors.Is(err, journal.ErrInvalidArgument) {
+		if _, err := x.v.Acknowledge(context.Background(), "d1", journal.StageFinal, journal.Sent{EventID: "not-an-event", ServerTS: dServerEpochMS}); !errors.Is(err, journal.ErrInvalidArgument) {
 			t.Fatalf("Acknowledge(bad event ID) = %v, want %v", err, journal.ErrInvalidArgument)
 		}
 		same(t, "state", x.state(x.v, "d1", journal.StageFinal), "attempted")

@@ -3,14 +3,17 @@ package journal
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"strconv"
 )
 
 // CanonicalJSON re-encodes a JSON value with sorted object keys, no
 // insignificant whitespace and no HTML escaping. Numbers keep their literal
 // text, so integers beyond 2^53 survive unchanged. Two payloads of one event
-// compare equal byte for byte exactly when they carry the same JSON.
+// compare equal byte for byte exactly when they carry the same JSON. A value
+// with a repeated object key is refused: it has no single reading.
 func CanonicalJSON(raw []byte) ([]byte, error) {
 	v, err := decodeJSON(raw)
 	if err != nil {
@@ -19,18 +22,74 @@ func CanonicalJSON(raw []byte) ([]byte, error) {
 	return encodeCanonical(v)
 }
 
-// decodeJSON decodes exactly one JSON value, keeping numbers as json.Number.
+// errDuplicateKey marks a JSON object that names one key twice.
+var errDuplicateKey = errors.New("duplicate key")
+
+// decodeJSON decodes exactly one JSON value into maps, slices, strings,
+// booleans, nil and json.Number (the literal text of a number). It is the
+// one reading every rule, size check and canonical form is taken from, so
+// it is strict where encoding/json is lenient: object keys are kept exactly
+// as written (a struct decode would match "EVENT_ID" to event_id), and an
+// object that repeats a key is refused instead of resolved one way here and
+// another way there.
 func decodeJSON(raw []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	v, err := decodeValue(dec)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("trailing data after JSON value")
 	}
 	return v, nil
+}
+
+// decodeValue reads the next value from dec, which must use numbers.
+func decodeValue(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			obj := make(map[string]any)
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil, err
+				}
+				key := kt.(string) // the decoder only yields string keys here
+				if _, dup := obj[key]; dup {
+					return nil, fmt.Errorf("%w %s", errDuplicateKey, strconv.Quote(key))
+				}
+				if obj[key], err = decodeValue(dec); err != nil {
+					return nil, err
+				}
+			}
+			_, err := dec.Token() // '}'
+			return obj, err
+		case '[':
+			arr := []any{}
+			for dec.More() {
+				v, err := decodeValue(dec)
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			_, err := dec.Token() // ']'
+			return arr, err
+		}
+		return nil, fmt.Errorf("unexpected %v", t)
+	default:
+		return tok, nil // string, json.Number, bool or nil
+	}
 }
 
 func encodeCanonical(v any) ([]byte, error) {

@@ -20,7 +20,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{"KeepsUnicode", `{"a":"héllo \u263a"}`, `{"a":"héllo ☺"}`},
 		{"EscapesControlCharacters", `{"a":"line\nbreak \"quoted\""}`, `{"a":"line\nbreak \"quoted\""}`},
 		{"KeepsScalars", `"text"`, `"text"`},
-		{"LastDuplicateKeyWins", `{"a":1,"a":2}`, `{"a":2}`},
+		{"KeysDifferingOnlyInCaseAreDistinct", `{"msgtype":"m.text","MSGTYPE":"m.notice"}`, `{"MSGTYPE":"m.notice","msgtype":"m.text"}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := journal.CanonicalJSON([]byte(c.in))
@@ -48,6 +48,10 @@ func TestCanonicalJSONRejects(t *testing.T) {
 		{"BareWord", `hello`},
 		{"SingleQuotes", `{'a':1}`},
 		{"TrailingComma", `{"a":1,}`},
+		// A repeated key has no single reading: refused, not resolved.
+		{"DuplicateKey", `{"a":1,"a":2}`},
+		{"DuplicateKeyNested", `{"a":{"b":1,"c":[{"d":1,"d":1}]}}`},
+		{"DuplicateKeyEvenWhenEqual", `{"a":1,"a":1}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got, err := journal.CanonicalJSON([]byte(c.in)); err == nil {

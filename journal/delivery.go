@@ -31,6 +31,11 @@ var (
 	// ErrNotClaimable refuses to claim a row that is acknowledged, failed or
 	// retired.
 	ErrNotClaimable = errors.New("delivery not claimable")
+	// ErrDeviceChanged refuses to resend an attempted row from a device
+	// other than the one that first sent it. Homeservers deduplicate
+	// transaction IDs per device, so the new device's send could show the
+	// reply twice: the row must be reconciled first (AdoptDevice).
+	ErrDeviceChanged = errors.New("delivery attempted from another device")
 )
 
 // Stage is a delivery stage.
@@ -118,6 +123,31 @@ type EnqueueRequest struct {
 	Sources []string
 }
 
+// Validate refuses a request the outbox must not accept: anything the
+// delivery could not put on the wire is refused here, at enqueue, and never
+// discovered at send, when the reply is already owed.
+func (r EnqueueRequest) Validate() error {
+	switch {
+	case r.DeliveryID == "":
+		return fmt.Errorf("%w: delivery ID is required", ErrInvalidArgument)
+	case !ValidRoomID(r.RoomID):
+		return fmt.Errorf("%w: %q is not a room ID", ErrInvalidArgument, r.RoomID)
+	case len(r.Content) > MaxContentBytes:
+		return fmt.Errorf("%w: content larger than 64 KiB", ErrInvalidArgument)
+	case r.Stage != StageInitial && r.Stage != StageFinal:
+		return fmt.Errorf("%w: unknown stage %d", ErrInvalidArgument, r.Stage)
+	}
+	// The wire form of both shapes a claim may give it: as sent, and as an
+	// edit of an acknowledged placeholder.
+	for _, replaces := range []string{"", "$placeholder"} {
+		if _, err := WireContent(Delivery{DeliveryID: r.DeliveryID, Stage: r.Stage, Thread: r.Thread,
+			Content: r.Content, ReplacesEventID: replaces}); err != nil {
+			return fmt.Errorf("%w: content must be one JSON object: %w", ErrInvalidArgument, err)
+		}
+	}
+	return nil
+}
+
 // EnqueueOutcome says what an enqueue did to the outbox row.
 type EnqueueOutcome uint8
 
@@ -171,6 +201,27 @@ type DeliveryCursor struct {
 	Position  int64
 }
 
+// Sent is the homeserver's record of one accepted send: what an
+// acknowledgement stores and what the projection of our own reply is
+// ordered by.
+//
+// Revisions and pages are ordered by origin_server_ts, a timestamp the
+// homeserver assigns, so the projection of a reply must carry the server's
+// timestamp, never the daemon's clock: with two clocks in one order, a
+// reply stamped by a clock running ahead would sort after the user's next
+// message and outrank the sync echo of its own final edit. The sender reads
+// the timestamp from the server's record of the event (a fetch of the event
+// after the send). When it cannot, ServerTS stays zero and the
+// acknowledgement projects nothing: the sync echo, which carries the
+// server's timestamp, projects the reply instead.
+type Sent struct {
+	// EventID is the event ID the homeserver assigned.
+	EventID string
+	// ServerTS is the event's origin_server_ts in milliseconds as the
+	// homeserver recorded it; zero when unknown.
+	ServerTS int64
+}
+
 // AckResult reports an acknowledgement.
 type AckResult struct {
 	// EventID is the acknowledged event ID: this call's, or the first
@@ -179,7 +230,8 @@ type AckResult struct {
 	// First is true when this call wrote the acknowledgement.
 	First bool
 	// Projected is true when the delivered event was installed in the
-	// visible projection (only while its authorizing epoch is current).
+	// visible projection: only while its authorizing epoch is current, and
+	// only when the server's timestamp of the event is known.
 	Projected bool
 }
 
@@ -191,11 +243,17 @@ type Outbox interface {
 	EnqueueAndSettle(ctx context.Context, req EnqueueRequest) (EnqueueResult, error)
 	// Claim commits attempted=1 and the sending device before any network
 	// I/O and returns the frozen delivery. Claiming an attempted row again
-	// returns the identical delivery for a retry.
+	// from its device returns the identical delivery for a retry; from
+	// another device it fails with ErrDeviceChanged.
 	Claim(ctx context.Context, deliveryID string, stage Stage, deviceID string) (Delivery, error)
+	// AdoptDevice moves an attempted, unacknowledged row to deviceID, once
+	// a search of the room found no copy of it sent from its earlier device:
+	// only then may the new device send it again.
+	AdoptDevice(ctx context.Context, deliveryID string, stage Stage, deviceID string) error
 	// Acknowledge records the homeserver's event ID and completes the turn
-	// record in the same transaction.
-	Acknowledge(ctx context.Context, deliveryID string, stage Stage, eventID string) (AckResult, error)
+	// record in the same transaction. It projects the delivered event at
+	// sent.ServerTS, the server's timestamp, when that is known.
+	Acknowledge(ctx context.Context, deliveryID string, stage Stage, sent Sent) (AckResult, error)
 	// Fail records a failed attempt; a permanent failure takes the row out
 	// of recovery.
 	Fail(ctx context.Context, deliveryID string, stage Stage, reason string, permanent bool) error
@@ -255,8 +313,13 @@ const (
 	// DepartureLocal is a leave this process performed; it owes one
 	// sync-reported echo.
 	DepartureLocal DepartureSource = 1
-	// DepartureReported is a leave or kick reported by sync.
+	// DepartureReported is the principal's own leave reported by sync: the
+	// echo of a local leave, or a leave made elsewhere.
 	DepartureReported DepartureSource = 2
+	// DepartureRemoved is a kick or ban reported by sync: someone else
+	// removed the principal. It is never the echo of a local leave, so it
+	// fences whatever echo is owed.
+	DepartureRemoved DepartureSource = 3
 )
 
 // DepartureOutcome is what FenceDeparture did.
@@ -311,9 +374,15 @@ type Membership interface {
 // outbox row even without a transaction ID; a final that replaces its
 // acknowledged initial is wrapped as an m.replace edit of it.
 func WireContent(d Delivery) (json.RawMessage, error) {
-	var c map[string]any
-	if err := json.Unmarshal(d.Content, &c); err != nil {
+	// Decoded with numbers kept as their literal text: a float64 would turn
+	// an integer past 2^53 into a different number on the wire.
+	v, err := decodeJSON(d.Content)
+	if err != nil {
 		return nil, fmt.Errorf("delivery content: %w", err)
+	}
+	c, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("delivery content: not a JSON object")
 	}
 	c[DeliveryKey] = map[string]string{"delivery_id": d.DeliveryID, "stage": d.Stage.String()}
 	if d.ReplacesEventID != "" {
@@ -330,8 +399,7 @@ func WireContent(d Delivery) (json.RawMessage, error) {
 			c["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": *d.Thread, "is_falling_back": true}
 		}
 	}
-	b, err := encodeCanonical(c)
-	return b, err
+	return encodeCanonical(c)
 }
 
 func orString(v any, def string) string {

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -113,6 +114,10 @@ func (k Kind) String() string {
 // owes cleanup and must stay pending.
 func (k Kind) TurnBacked() bool { return k == KindMessage || k == KindMedia }
 
+// Original reports whether events of the kind are logical messages of
+// their own, the rows of the visible projection that edits apply to.
+func (k Kind) Original() bool { return k == KindMessage || k == KindMedia }
+
 // Visible reports whether the kind adds or revises a row of the visible
 // conversation.
 func (k Kind) Visible() bool { return k == KindMessage || k == KindMedia || k == KindEdit }
@@ -164,35 +169,44 @@ type Event struct {
 	Preview bool
 }
 
-// wireEvent is the envelope shape; a field of the wrong JSON type fails
-// decoding and rejects the event with a precise reason. The timestamp stays
-// raw because a json.Number would also accept a quoted string.
-type wireEvent struct {
-	EventID        *string         `json:"event_id"`
-	Type           *string         `json:"type"`
-	Sender         *string         `json:"sender"`
-	OriginServerTS json.RawMessage `json:"origin_server_ts"`
-	RoomID         *string         `json:"room_id"`
-	StateKey       *string         `json:"state_key"`
-	Redacts        *string         `json:"redacts"`
-	Content        json.RawMessage `json:"content"`
+// maxEventBytes bounds the raw JSON of one inbound event before it is
+// decoded at all. Matrix caps an event at 64 KiB; a sync may add unsigned
+// data, so the raw bound is looser than the content bound.
+const maxEventBytes = 1 << 20
+
+// object is a decoded JSON object read with exact keys.
+type object map[string]any
+
+// str reads an optional string field: absent and null read as not present,
+// any other type is an error.
+func (o object) str(key string) (s string, present bool, err error) {
+	switch v := o[key].(type) {
+	case nil:
+		return "", false, nil
+	case string:
+		return v, true, nil
+	}
+	return "", false, fmt.Errorf("%s: not a string", key)
 }
 
-type wireRelation struct {
-	RelType string `json:"rel_type"`
-	EventID string `json:"event_id"`
-}
-
-type wireContent struct {
-	MsgType    *string         `json:"msgtype"`
-	Membership *string         `json:"membership"`
-	Redacts    *string         `json:"redacts"`
-	RelatesTo  *wireRelation   `json:"m.relates_to"`
-	NewContent json.RawMessage `json:"m.new_content"`
+// obj reads an optional object field the same way.
+func (o object) obj(key string) (object, bool, error) {
+	switch v := o[key].(type) {
+	case nil:
+		return nil, false, nil
+	case map[string]any:
+		return v, true, nil
+	}
+	return nil, false, fmt.Errorf("%s: not an object", key)
 }
 
 // ParseEvent validates one inbound event and extracts what the journal's
 // rules need. Every failure is an *EventError naming the field at fault.
+//
+// The event is decoded once, strictly (decodeJSON: exact keys, no repeated
+// key), and everything is read from that one tree: the kind, relation and
+// class, the size check and the canonical form that is stored. No rule can
+// see a field that the stored event does not hold.
 func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	if !ValidRoomID(in.RoomID) {
 		return nil, eventErr("room_id", "not a Matrix room ID")
@@ -202,66 +216,67 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	default:
 		return nil, eventErr("provenance", "unknown provenance")
 	}
+	if len(in.Event) > maxEventBytes {
+		return nil, eventErr("event", "larger than 1 MiB")
+	}
 	if !utf8.Valid(in.Event) {
 		return nil, eventErr("event", "not valid UTF-8")
 	}
-	var w wireEvent
-	if err := json.Unmarshal(in.Event, &w); err != nil {
-		return nil, eventErr("event", "not a JSON object of the event shape: "+err.Error())
-	}
-	ev := &Event{RoomID: in.RoomID, Provenance: in.Provenance, StateKey: w.StateKey}
-	switch {
-	case w.EventID == nil:
-		return nil, eventErr("event_id", "missing")
-	case !ValidEventID(*w.EventID):
-		return nil, eventErr("event_id", "not a Matrix event ID")
-	case w.Type == nil || *w.Type == "":
-		return nil, eventErr("type", "missing")
-	case w.Sender == nil:
-		return nil, eventErr("sender", "missing")
-	case !ValidUserID(*w.Sender):
-		return nil, eventErr("sender", "not a Matrix user ID")
-	case len(w.OriginServerTS) == 0:
-		return nil, eventErr("origin_server_ts", "missing")
-	case w.RoomID != nil && *w.RoomID != in.RoomID:
-		return nil, eventErr("room_id", "disagrees with the room it was delivered in")
-	case len(w.Content) == 0 || w.Content[0] != '{':
-		return nil, eventErr("content", "missing or not an object")
-	case len(w.Content) > MaxContentBytes:
-		return nil, eventErr("content", "larger than 64 KiB")
-	}
-	ev.ID, ev.Type, ev.Sender = *w.EventID, *w.Type, *w.Sender
-	ts, err := strconv.ParseInt(string(w.OriginServerTS), 10, 64)
+	tree, err := decodeJSON(in.Event)
 	if err != nil {
-		return nil, eventErr("origin_server_ts", "not an integer")
+		return nil, eventErr("event", "not JSON with one reading: "+err.Error())
 	}
-	if ts <= 0 || ts > now.Add(maxFutureSkew).UnixMilli() {
-		return nil, eventErr("origin_server_ts", "absurd timestamp "+strconv.FormatInt(ts, 10))
+	whole, ok := tree.(map[string]any)
+	if !ok {
+		return nil, eventErr("event", "not a JSON object")
 	}
-	ev.TS = ts
-
-	var c wireContent
-	if err := json.Unmarshal(w.Content, &c); err != nil {
-		return nil, eventErr("content", "field of the wrong type: "+err.Error())
+	w := object(whole)
+	ev := &Event{RoomID: in.RoomID, Provenance: in.Provenance}
+	var fields [5]string
+	var present [5]bool
+	for i, key := range []string{"event_id", "type", "sender", "room_id", "state_key"} {
+		if fields[i], present[i], err = w.str(key); err != nil {
+			return nil, eventErr("event", err.Error())
+		}
 	}
-	if err := ev.classifyKind(&w, &c); err != nil {
+	if present[4] {
+		ev.StateKey = &fields[4]
+	}
+	switch {
+	case !present[0]:
+		return nil, eventErr("event_id", "missing")
+	case !ValidEventID(fields[0]):
+		return nil, eventErr("event_id", "not a Matrix event ID")
+	case fields[1] == "":
+		return nil, eventErr("type", "missing")
+	case !present[2]:
+		return nil, eventErr("sender", "missing")
+	case !ValidUserID(fields[2]):
+		return nil, eventErr("sender", "not a Matrix user ID")
+	case present[3] && fields[3] != in.RoomID:
+		return nil, eventErr("room_id", "disagrees with the room it was delivered in")
+	}
+	ev.ID, ev.Type, ev.Sender = fields[0], fields[1], fields[2]
+	if ev.TS, err = timestamp(w["origin_server_ts"], now); err != nil {
 		return nil, err
 	}
-	// One generic decode serves both canonical forms: the event's and its
-	// content's.
-	decoded, err := decodeJSON(in.Event)
-	if err != nil {
-		return nil, eventErr("event", err.Error())
+	content, isObject := whole["content"].(map[string]any)
+	if !isObject {
+		return nil, eventErr("content", "missing or not an object")
 	}
-	whole := decoded.(map[string]any)
-	if ev.Content, err = encodeCanonical(whole["content"]); err != nil {
+	if ev.Content, err = encodeCanonical(content); err != nil {
 		return nil, eventErr("content", err.Error())
 	}
-	ev.Notice = c.MsgType != nil && *c.MsgType == "m.notice"
+	if len(ev.Content) > MaxContentBytes {
+		return nil, eventErr("content", "larger than 64 KiB")
+	}
+	if err := ev.classifyKind(w, content); err != nil {
+		return nil, err
+	}
+	ev.Notice = content["msgtype"] == "m.notice"
 	if ev.Kind == KindEdit {
 		ev.Preview = IsSidecarPreview(ev.NewContent)
 	} else {
-		content, _ := whole["content"].(map[string]any)
 		_, ev.Preview = content[LongTextKey].(map[string]any)
 	}
 	whole["room_id"] = in.RoomID
@@ -271,60 +286,122 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	return ev, nil
 }
 
-func (ev *Event) classifyKind(w *wireEvent, c *wireContent) error {
-	rel := c.RelatesTo
-	if rel != nil && rel.RelType != "" && !ValidEventID(rel.EventID) {
+// timestamp reads origin_server_ts: an integer literal, not a string, a
+// fraction or an exponent, within a year of now.
+func timestamp(v any, now time.Time) (int64, error) {
+	n, ok := v.(json.Number)
+	if !ok {
+		if v == nil {
+			return 0, eventErr("origin_server_ts", "missing")
+		}
+		return 0, eventErr("origin_server_ts", "not an integer")
+	}
+	ts, err := strconv.ParseInt(string(n), 10, 64)
+	if err != nil {
+		return 0, eventErr("origin_server_ts", "not an integer")
+	}
+	if ts <= 0 || ts > now.Add(maxFutureSkew).UnixMilli() {
+		return 0, eventErr("origin_server_ts", "absurd timestamp "+strconv.FormatInt(ts, 10))
+	}
+	return ts, nil
+}
+
+// relation is content.m.relates_to as the rules read it.
+type relation struct {
+	relType, eventID string
+}
+
+// readRelation reads content.m.relates_to; nil when there is none.
+func readRelation(c object) (*relation, error) {
+	r, ok, err := c.obj("m.relates_to")
+	if err != nil || !ok {
+		return nil, err
+	}
+	rel := &relation{}
+	if rel.relType, _, err = r.str("rel_type"); err != nil {
+		return nil, err
+	}
+	if rel.eventID, _, err = r.str("event_id"); err != nil {
+		return nil, err
+	}
+	return rel, nil
+}
+
+func (ev *Event) classifyKind(w, c object) error {
+	rel, err := readRelation(c)
+	if err != nil {
+		return eventErr("content", "m.relates_to."+err.Error())
+	}
+	if rel != nil && rel.relType != "" && !ValidEventID(rel.eventID) {
 		return eventErr("content.m.relates_to.event_id", "not a Matrix event ID")
+	}
+	msgtype, _, err := c.str("msgtype")
+	if err != nil {
+		return eventErr("content", err.Error())
 	}
 	switch ev.Type {
 	case "m.room.message", "m.sticker":
-		if rel != nil && rel.RelType == "m.replace" {
-			if len(c.NewContent) == 0 || c.NewContent[0] != '{' {
+		if rel != nil && rel.relType == "m.replace" {
+			nc, ok := c["m.new_content"].(map[string]any)
+			if !ok {
 				return eventErr("content.m.new_content", "an edit needs an object")
 			}
-			nc, err := CanonicalJSON(c.NewContent)
+			canonical, err := encodeCanonical(nc)
 			if err != nil {
 				return eventErr("content.m.new_content", err.Error())
 			}
-			ev.Kind, ev.Target, ev.NewContent = KindEdit, rel.EventID, nc
+			ev.Kind, ev.Target, ev.NewContent = KindEdit, rel.eventID, canonical
 			return nil
 		}
-		if rel != nil && rel.RelType == "m.thread" {
-			ev.Thread = rel.EventID
+		if rel != nil && rel.relType == "m.thread" {
+			ev.Thread = rel.eventID
 		}
 		ev.Kind = KindMessage
 		if ev.Type == "m.sticker" {
 			ev.Kind = KindMedia
-		} else if c.MsgType != nil {
-			switch *c.MsgType {
+		} else {
+			switch msgtype {
 			case "m.image", "m.file", "m.audio", "m.video":
 				ev.Kind = KindMedia
 			}
 		}
 	case "m.reaction":
-		if rel == nil || rel.RelType != "m.annotation" {
+		if rel == nil || rel.relType != "m.annotation" {
 			return eventErr("content.m.relates_to", "a reaction needs an m.annotation relation")
 		}
-		ev.Kind, ev.Target = KindReaction, rel.EventID
+		ev.Kind, ev.Target = KindReaction, rel.eventID
 	case "m.room.redaction":
-		target := w.Redacts
-		if c.Redacts != nil {
-			target = c.Redacts
+		outer, hasOuter, err := w.str("redacts")
+		if err != nil {
+			return eventErr("event", err.Error())
 		}
-		if target == nil || !ValidEventID(*target) {
+		inner, hasInner, err := c.str("redacts")
+		if err != nil {
+			return eventErr("content", err.Error())
+		}
+		// The content's target (room version 11) is authoritative.
+		target, ok := outer, hasOuter
+		if hasInner {
+			target, ok = inner, true
+		}
+		if !ok || !ValidEventID(target) {
 			return eventErr("redacts", "a redaction needs a target event ID")
 		}
-		ev.Kind, ev.Target = KindRedaction, *target
+		ev.Kind, ev.Target = KindRedaction, target
 	case "m.room.encrypted":
 		ev.Kind = KindEncrypted
 	case "m.room.member":
 		if ev.StateKey == nil || !ValidUserID(*ev.StateKey) {
 			return eventErr("state_key", "a membership event needs a user ID state key")
 		}
-		if c.Membership == nil {
+		membership, ok, err := c.str("membership")
+		if err != nil {
+			return eventErr("content", err.Error())
+		}
+		if !ok {
 			return eventErr("content.membership", "missing")
 		}
-		ev.Kind, ev.Membership = KindMembership, *c.Membership
+		ev.Kind, ev.Membership = KindMembership, membership
 	default:
 		if ev.StateKey != nil {
 			ev.Kind = KindState
@@ -334,9 +411,11 @@ func (ev *Event) classifyKind(w *wireEvent, c *wireContent) error {
 }
 
 // Classify decides what the journal keeps of an event admitted by the
-// principal whose Matrix user ID is self.
-func Classify(ev *Event, self string) Class {
-	if ev.Provenance == History || ev.Sender == self {
+// principal whose Matrix user ID is self. departed says the principal is
+// out of the event's room: what sync still delivers from before the leave
+// belongs to a membership that ended and is owed nothing.
+func Classify(ev *Event, self string, departed bool) Class {
+	if departed || ev.Provenance == History || ev.Sender == self {
 		return ContextOnly
 	}
 	switch ev.Kind {

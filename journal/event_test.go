@@ -272,30 +272,36 @@ func TestClassify(t *testing.T) {
 	}
 	text := `{"msgtype":"m.text","body":"x"}`
 	for _, c := range []struct {
-		name string
-		ev   *journal.Event
-		want journal.Class
+		name     string
+		ev       *journal.Event
+		departed bool
+		want     journal.Class
 	}{
-		{"LiveText", mk(journal.KindMessage, "@a:b", journal.Live, text), journal.Actionable},
-		{"RecoveredText", mk(journal.KindMessage, "@a:b", journal.Recovered, text), journal.Actionable},
-		{"HistoryText", mk(journal.KindMessage, "@a:b", journal.History, text), journal.ContextOnly},
-		{"Notice", mk(journal.KindMessage, "@a:b", journal.Live, `{"msgtype":"m.notice","body":"x"}`), journal.ContextOnly},
-		{"OwnEcho", mk(journal.KindMessage, self, journal.Live, text), journal.ContextOnly},
-		{"OwnRecoveredEcho", mk(journal.KindMessage, self, journal.Recovered, text), journal.ContextOnly},
-		{"Media", mk(journal.KindMedia, "@a:b", journal.Live, `{"msgtype":"m.image"}`), journal.Actionable},
-		{"HistoryMedia", mk(journal.KindMedia, "@a:b", journal.History, `{"msgtype":"m.image"}`), journal.ContextOnly},
-		{"Reaction", mk(journal.KindReaction, "@a:b", journal.Live, `{}`), journal.Actionable},
-		{"OwnReaction", mk(journal.KindReaction, self, journal.Live, `{}`), journal.ContextOnly},
-		{"Redaction", mk(journal.KindRedaction, "@a:b", journal.Live, `{}`), journal.Actionable},
-		{"HistoryRedaction", mk(journal.KindRedaction, "@a:b", journal.History, `{}`), journal.ContextOnly},
-		{"Edit", mk(journal.KindEdit, "@a:b", journal.Live, text), journal.ContextOnly},
-		{"Encrypted", mk(journal.KindEncrypted, "@a:b", journal.Live, `{}`), journal.ContextOnly},
-		{"Membership", mk(journal.KindMembership, "@a:b", journal.Live, `{}`), journal.ContextOnly},
-		{"State", mk(journal.KindState, "@a:b", journal.Live, `{}`), journal.ContextOnly},
-		{"Other", mk(journal.KindOther, "@a:b", journal.Live, `{}`), journal.ContextOnly},
+		{"LiveText", mk(journal.KindMessage, "@a:b", journal.Live, text), false, journal.Actionable},
+		{"LiveTextAfterALeave", mk(journal.KindMessage, "@a:b", journal.Live, text), true, journal.ContextOnly},
+		{"RecoveredTextAfterALeave", mk(journal.KindMessage, "@a:b", journal.Recovered, text), true, journal.ContextOnly},
+		{"MediaAfterALeave", mk(journal.KindMedia, "@a:b", journal.Live, `{"msgtype":"m.image"}`), true, journal.ContextOnly},
+		{"ReactionAfterALeave", mk(journal.KindReaction, "@a:b", journal.Live, `{}`), true, journal.ContextOnly},
+		{"RedactionAfterALeave", mk(journal.KindRedaction, "@a:b", journal.Live, `{}`), true, journal.ContextOnly},
+		{"RecoveredText", mk(journal.KindMessage, "@a:b", journal.Recovered, text), false, journal.Actionable},
+		{"HistoryText", mk(journal.KindMessage, "@a:b", journal.History, text), false, journal.ContextOnly},
+		{"Notice", mk(journal.KindMessage, "@a:b", journal.Live, `{"msgtype":"m.notice","body":"x"}`), false, journal.ContextOnly},
+		{"OwnEcho", mk(journal.KindMessage, self, journal.Live, text), false, journal.ContextOnly},
+		{"OwnRecoveredEcho", mk(journal.KindMessage, self, journal.Recovered, text), false, journal.ContextOnly},
+		{"Media", mk(journal.KindMedia, "@a:b", journal.Live, `{"msgtype":"m.image"}`), false, journal.Actionable},
+		{"HistoryMedia", mk(journal.KindMedia, "@a:b", journal.History, `{"msgtype":"m.image"}`), false, journal.ContextOnly},
+		{"Reaction", mk(journal.KindReaction, "@a:b", journal.Live, `{}`), false, journal.Actionable},
+		{"OwnReaction", mk(journal.KindReaction, self, journal.Live, `{}`), false, journal.ContextOnly},
+		{"Redaction", mk(journal.KindRedaction, "@a:b", journal.Live, `{}`), false, journal.Actionable},
+		{"HistoryRedaction", mk(journal.KindRedaction, "@a:b", journal.History, `{}`), false, journal.ContextOnly},
+		{"Edit", mk(journal.KindEdit, "@a:b", journal.Live, text), false, journal.ContextOnly},
+		{"Encrypted", mk(journal.KindEncrypted, "@a:b", journal.Live, `{}`), false, journal.ContextOnly},
+		{"Membership", mk(journal.KindMembership, "@a:b", journal.Live, `{}`), false, journal.ContextOnly},
+		{"State", mk(journal.KindState, "@a:b", journal.Live, `{}`), false, journal.ContextOnly},
+		{"Other", mk(journal.KindOther, "@a:b", journal.Live, `{}`), false, journal.ContextOnly},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := journal.Classify(c.ev, self); got != c.want {
+			if got := journal.Classify(c.ev, self, c.departed); got != c.want {
 				t.Fatalf("Classify = %v, want %v", got, c.want)
 			}
 		})
@@ -304,24 +310,106 @@ func TestClassify(t *testing.T) {
 
 func TestKindPredicates(t *testing.T) {
 	for _, c := range []struct {
-		kind                journal.Kind
-		turnBacked, visible bool
+		kind                          journal.Kind
+		turnBacked, original, visible bool
 	}{
-		{journal.KindMessage, true, true},
-		{journal.KindMedia, true, true},
-		{journal.KindEdit, false, true},
-		{journal.KindReaction, false, false},
-		{journal.KindRedaction, false, false},
-		{journal.KindMembership, false, false},
-		{journal.KindEncrypted, false, false},
-		{journal.KindState, false, false},
-		{journal.KindOther, false, false},
+		{journal.KindMessage, true, true, true},
+		{journal.KindMedia, true, true, true},
+		{journal.KindEdit, false, false, true},
+		{journal.KindReaction, false, false, false},
+		{journal.KindRedaction, false, false, false},
+		{journal.KindMembership, false, false, false},
+		{journal.KindEncrypted, false, false, false},
+		{journal.KindState, false, false, false},
+		{journal.KindOther, false, false, false},
 	} {
 		if got := c.kind.TurnBacked(); got != c.turnBacked {
 			t.Errorf("%v.TurnBacked() = %v, want %v", c.kind, got, c.turnBacked)
 		}
+		if got := c.kind.Original(); got != c.original {
+			t.Errorf("%v.Original() = %v, want %v", c.kind, got, c.original)
+		}
 		if got := c.kind.Visible(); got != c.visible {
 			t.Errorf("%v.Visible() = %v, want %v", c.kind, got, c.visible)
 		}
+	}
+}
+
+// Matrix keys are case-sensitive and every client reads the exact ones: a
+// key that differs only in case is another key, and no rule may read it.
+func TestParsingReadsKeysExactlyAsMatrixSpellsThem(t *testing.T) {
+	const self = "@bot:example.org"
+	raw := func(s string) journal.Inbound {
+		return journal.Inbound{RoomID: parseRoom, Provenance: journal.Live, Event: json.RawMessage(s)}
+	}
+	for _, c := range []struct {
+		name   string
+		in     journal.Inbound
+		id     string
+		kind   journal.Kind
+		class  journal.Class
+		target string
+		thread string
+	}{
+		{"AnUpperCaseMsgtypeDoesNotMakeANotice", raw(`{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,` +
+			`"content":{"msgtype":"m.text","MSGTYPE":"m.notice","body":"hi"}}`), "$a", journal.KindMessage, journal.Actionable, "", ""},
+		{"AnUpperCaseRelationDoesNotMakeAnEdit", raw(`{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,` +
+			`"content":{"msgtype":"m.text","body":"new","M.RELATES_TO":{"rel_type":"m.replace","event_id":"$old"},"M.NEW_CONTENT":{"body":"x"}}}`),
+			"$a", journal.KindMessage, journal.Actionable, "", ""},
+		{"AnUpperCaseRelationDoesNotMoveAMessageIntoAThread", raw(`{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,` +
+			`"content":{"msgtype":"m.text","body":"x","M.RELATES_TO":{"rel_type":"m.thread","event_id":"$root"}}}`),
+			"$a", journal.KindMessage, journal.Actionable, "", ""},
+		{"AnUpperCaseRelationTypeDoesNotCount", raw(`{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,` +
+			`"content":{"msgtype":"m.text","body":"x","m.relates_to":{"REL_TYPE":"m.thread","event_id":"$root"}}}`),
+			"$a", journal.KindMessage, journal.Actionable, "", ""},
+		{"AnUpperCaseEventIDIsNotTheEventID", raw(`{"event_id":"$a","EVENT_ID":"$b","type":"m.room.message","sender":"@alice:example.org",` +
+			`"origin_server_ts":1,"content":{"msgtype":"m.text","body":"x"}}`), "$a", journal.KindMessage, journal.Actionable, "", ""},
+		{"AnUpperCaseTypeIsNotTheType", raw(`{"event_id":"$a","type":"m.room.message","TYPE":"m.reaction","sender":"@alice:example.org",` +
+			`"origin_server_ts":1,"content":{"msgtype":"m.text","body":"x"}}`), "$a", journal.KindMessage, journal.Actionable, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ev, err := journal.ParseEvent(c.in, parseNow)
+			if err != nil {
+				t.Fatalf("ParseEvent: %v", err)
+			}
+			if ev.ID != c.id || ev.Kind != c.kind || ev.Target != c.target || ev.Thread != c.thread {
+				t.Fatalf("read as id %q kind %v target %q thread %q, want %q %v %q %q", ev.ID, ev.Kind, ev.Target, ev.Thread,
+					c.id, c.kind, c.target, c.thread)
+			}
+			if got := journal.Classify(ev, self, false); got != c.class {
+				t.Fatalf("class = %v, want %v", got, c.class)
+			}
+			// The stored form is the same reading: it parses back to the same event.
+			again, err := journal.ParseEvent(journal.Inbound{RoomID: parseRoom, Provenance: journal.Live, Event: ev.Canonical}, parseNow)
+			if err != nil {
+				t.Fatalf("canonical form does not parse: %v", err)
+			}
+			if again.ID != ev.ID || again.Kind != ev.Kind || again.Target != ev.Target || again.Thread != ev.Thread || again.Notice != ev.Notice {
+				t.Fatalf("canonical form reads as %+v, the event as %+v", again, ev)
+			}
+		})
+	}
+	t.Run("TheSizeCheckReadsTheStoredContent", func(t *testing.T) {
+		big := strings.Repeat("x", journal.MaxContentBytes)
+		assertRejected(t, raw(`{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,`+
+			`"content":{"body":"`+big+`"},"CONTENT":{"body":"small"}}`), "content")
+	})
+}
+
+// A repeated key has two readings, the first copy and the last, and a rule
+// that took one while the stored form kept the other would act on an event
+// nobody stored. The event is refused as malformed instead.
+func TestAnEventWithARepeatedKeyIsRefused(t *testing.T) {
+	for _, c := range []struct{ name, event string }{
+		{"RepeatedRelation", `{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,` +
+			`"content":{"body":"x","m.relates_to":{"event_id":"$own"},"m.relates_to":{"rel_type":"m.replace"},"m.new_content":{"body":"y"}}}`},
+		{"RepeatedEventID", `{"event_id":"$a","event_id":"$b","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,"content":{}}`},
+		{"RepeatedContent", `{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,"content":{},"content":{"body":"x"}}`},
+		{"RepeatedKeyDeepInUnsigned", `{"event_id":"$a","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1,"content":{},` +
+			`"unsigned":{"x":[{"k":1,"k":2}]}}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assertRejected(t, journal.Inbound{RoomID: parseRoom, Provenance: journal.Live, Event: json.RawMessage(c.event)}, "event")
+		})
 	}
 }

@@ -2,6 +2,8 @@ package journal_test
 
 import (
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,6 +102,58 @@ func TestParsingMarksANoticeAndOnlyANotice(t *testing.T) {
 		}
 		if ev.Notice != want {
 			t.Fatalf("msgtype %s: Notice = %v, want %v", msgtype, ev.Notice, want)
+		}
+	}
+}
+
+func TestWireContentKeepsLargeIntegersExactly(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		delivery journal.Delivery
+	}{
+		{"Plain", journal.Delivery{DeliveryID: "d1", Stage: journal.StageFinal}},
+		{"EditOfThePlaceholder", journal.Delivery{DeliveryID: "d1", Stage: journal.StageFinal, ReplacesEventID: "$placeholder"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := c.delivery
+			d.Content = json.RawMessage(`{"body":"n","msgtype":"m.text","n":12345678901234567891,"f":-0.000000000000000000012345678901234567,` +
+				`"m":9007199254740993,"b":123456789012345678901234567890,"e":1e3,"h":1e400}`)
+			wire, err := journal.WireContent(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, literal := range []string{`12345678901234567891`, `-0.000000000000000000012345678901234567`,
+				`:9007199254740993`, `:123456789012345678901234567890`, `:1e3`, `:1e400`} {
+				if !strings.Contains(string(wire), literal) {
+					t.Errorf("wire content %s lost the number %s", wire, literal)
+				}
+			}
+		})
+	}
+}
+
+func TestWireContentRefusesANonObject(t *testing.T) {
+	for _, content := range []string{`[1]`, `"x"`, `null`, `{"a":1} {}`, `{"a":1,"a":2}`, ``} {
+		if _, err := journal.WireContent(journal.Delivery{DeliveryID: "d", Stage: journal.StageFinal, Content: json.RawMessage(content)}); err == nil {
+			t.Errorf("WireContent(%s) succeeded; want an error", content)
+		}
+	}
+}
+
+// What the outbox accepts, it can send: content WireContent cannot put on
+// the wire is refused when it is enqueued, never found out at send time,
+// when the reply is already owed and a failure there is permanent.
+func TestAnEnqueueRefusesContentItCouldNeverSend(t *testing.T) {
+	valid := journal.EnqueueRequest{DeliveryID: "d", Stage: journal.StageFinal, RoomID: "!r:example.org",
+		Content: json.RawMessage(`{"body":"x","n":1e400}`)}
+	if err := valid.Validate(); err != nil {
+		t.Fatalf("Validate(%s): %v", valid.Content, err)
+	}
+	for _, content := range []string{`null`, `[]`, `"x"`, `{"body":"x","body":"y"}`, `{"a":{"b":1,"b":2}}`, `{"a":1}{}`, `{`, ``} {
+		req := valid
+		req.Content = json.RawMessage(content)
+		if err := req.Validate(); !errors.Is(err, journal.ErrInvalidArgument) {
+			t.Errorf("Validate(%q) = %v, want %v", content, err, journal.ErrInvalidArgument)
 		}
 	}
 }

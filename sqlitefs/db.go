@@ -5,18 +5,25 @@
 // The writer connection is single (the writer actor owns it): WAL,
 // synchronous=FULL, foreign keys on, BEGIN IMMEDIATE. Readers are a separate
 // pool with query_only and synchronous=NORMAL. Pragmas are applied per
-// connection in the driver's connect hook, never through a pool.
+// connection as it connects, never through a pool.
+//
+// One process writes the file: Open holds an exclusive lock beside it for
+// as long as the DB is open, and a second Open fails with ErrLocked. The
+// writer caches what it committed (room keys, epochs, the unmerged tail's
+// size) and the WAL VFS skips syncs it knows are redundant, both on the
+// strength of that. Operator commands read through OpenReadOnly, which takes
+// no lock and never writes.
 package sqlitefs
 
 import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,12 +32,6 @@ import (
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/walbuf"
-)
-
-// Driver names registered by this package.
-const (
-	writerDriver = "mindroomd_sqlite_writer"
-	readerDriver = "mindroomd_sqlite_reader"
 )
 
 // Layout under the storage directory.
@@ -55,10 +56,16 @@ const (
 	pragmaForeignKeys = `PRAGMA foreign_keys = ON`
 	pragmaBusyTimeout = `PRAGMA busy_timeout = 10000`
 	pragmaQueryOnly   = `PRAGMA query_only = ON`
+	queryPageSize     = `PRAGMA page_size`
 	// The writer's automatic checkpoint is only the backstop that bounds the
-	// WAL; checkpoints between batches (checkpoint.go) do the copying.
-	pragmaAutocheckpt = `PRAGMA wal_autocheckpoint = 65536`
-	pragmaCacheSize   = `PRAGMA cache_size = -262144`
+	// WAL; checkpoints between batches (checkpoint.go) do the copying. It
+	// starts at the WAL bound, in frames.
+	pragmaAutocheckpt = `PRAGMA wal_autocheckpoint = `
+	// A WAL that starts over keeps its file at the size it grew to unless
+	// its first commit truncates it; this is the size it truncates to, the
+	// WAL bound in bytes.
+	pragmaJournalSizeLimit = `PRAGMA journal_size_limit = `
+	pragmaCacheSize        = `PRAGMA cache_size = -262144`
 	// The writer's cache stays small. Its reads of unchanged pages go
 	// through the memory map, so the cache mostly holds pages it changed
 	// recently. And SQLite walks the whole page-cache hash at the end of
@@ -75,12 +82,54 @@ const (
 	walRetryBackoffBase = 20 * time.Millisecond
 )
 
-func init() {
-	sql.Register(writerDriver, &sqlite3.SQLiteDriver{ConnectHook: connectWriter})
-	sql.Register(readerDriver, &sqlite3.SQLiteDriver{ConnectHook: connectReader})
+// DefaultWALBound is the WAL size, in bytes, when Options.WALBound is zero.
+const DefaultWALBound = 64 << 20
+
+// walFrameHeader is the bytes each WAL frame adds to its page.
+const walFrameHeader = 24
+
+// connector opens the connections of one pool, each set up by setup before
+// the pool sees it. A connector rather than a registered driver, so each
+// database's setup can carry its own options.
+type connector struct {
+	dsn   string
+	drv   *sqlite3.SQLiteDriver
+	setup func(c *sqlite3.SQLiteConn) error
 }
 
-func connectWriter(c *sqlite3.SQLiteConn) error {
+// openPool returns a pool on dsn whose connections setup prepares.
+func openPool(dsn string, setup func(c *sqlite3.SQLiteConn) error) *sql.DB {
+	return sql.OpenDB(&connector{dsn: dsn, drv: &sqlite3.SQLiteDriver{}, setup: setup})
+}
+
+// Connect implements driver.Connector.
+func (c *connector) Connect(context.Context) (driver.Conn, error) {
+	return openConn(c.drv, c.dsn, c.setup)
+}
+
+// Driver implements driver.Connector.
+func (c *connector) Driver() driver.Driver { return c.drv }
+
+// openConn opens one connection on dsn and sets it up.
+func openConn(drv *sqlite3.SQLiteDriver, dsn string, setup func(c *sqlite3.SQLiteConn) error) (driver.Conn, error) {
+	dc, err := drv.Open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := setup(dc.(*sqlite3.SQLiteConn)); err != nil {
+		_ = dc.Close()
+		return nil, err
+	}
+	return dc, nil
+}
+
+// writerSetup prepares the writer's connection and the checkpointer's for
+// a WAL bound of walBound bytes.
+func writerSetup(walBound int64) func(*sqlite3.SQLiteConn) error {
+	return func(c *sqlite3.SQLiteConn) error { return connectWriter(c, walBound) }
+}
+
+func connectWriter(c *sqlite3.SQLiteConn, walBound int64) error {
 	if err := c.RegisterFunc(idHashFunc, IDHash, true); err != nil {
 		return fmt.Errorf("register %s: %w", idHashFunc, err)
 	}
@@ -94,7 +143,20 @@ func connectWriter(c *sqlite3.SQLiteConn) error {
 	if err := enableWAL(c); err != nil {
 		return err
 	}
-	for _, p := range []string{pragmaSyncFull, pragmaForeignKeys, pragmaAutocheckpt, pragmaWriterCache, pragmaTempMemory, pragmaMmapSize} {
+	pageSize, err := pragmaText(c, queryPageSize)
+	if err != nil {
+		return fmt.Errorf("%s: %w", queryPageSize, err)
+	}
+	size, err := strconv.ParseInt(pageSize, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%s: %w", queryPageSize, err)
+	}
+	// Pragma values cannot be bound; these are integers computed here.
+	bound := []string{
+		pragmaAutocheckpt + strconv.FormatInt(max(1, walBound/(size+walFrameHeader)), 10),
+		pragmaJournalSizeLimit + strconv.FormatInt(walBound, 10),
+	}
+	for _, p := range append([]string{pragmaSyncFull, pragmaForeignKeys, pragmaWriterCache, pragmaTempMemory, pragmaMmapSize}, bound...) {
 		if _, err := c.Exec(p, nil); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -124,8 +186,7 @@ func enableWAL(c *sqlite3.SQLiteConn) error {
 			return nil
 		}
 		lastErr = err
-		var se sqlite3.Error
-		if !errors.As(err, &se) || (se.Code != sqlite3.ErrBusy && se.Code != sqlite3.ErrLocked) {
+		if !IsBusy(err) {
 			break
 		}
 		time.Sleep(walRetryBackoffBase)
@@ -168,6 +229,13 @@ type Options struct {
 	// DefaultMaxUnmergedTail. A reader scans at most about this many rows
 	// besides its page.
 	MaxUnmergedTail int
+	// WALBound is the size in bytes the WAL file is held to; default
+	// DefaultWALBound. The writer's automatic checkpoint starts there, a
+	// WAL that starts over is truncated back to it, and the background
+	// checkpointer starts the WAL over (RestartWALOn) once it holds half of
+	// it. Only a reader that keeps one snapshot open stops the WAL from
+	// starting over, and so lets it grow past the bound.
+	WALBound int64
 }
 
 // DB is an open journal file: the single writer connection (for the writer
@@ -193,13 +261,23 @@ type DB struct {
 	// maxUnmerged is where admission merges it inline.
 	unmerged    atomic.Int64
 	maxUnmerged int64
+	// mergedIn is the transaction whose inline merge last reset unmerged,
+	// until that transaction commits the merge (pageindex.go).
+	mergedIn *Tx
 
 	// rooms caches each admitted-to room's key and membership epoch as
 	// committed (journal.go, roomOf). Only the writer's goroutine touches
 	// it: commands and their after-commit work run there one at a time.
 	// It assumes this process is the file's only writer, as everything
-	// else here does.
+	// else here does; lock enforces that.
 	rooms map[roomName]roomRef
+
+	// lock is held for as long as the DB is open for writing (lock.go);
+	// nil for a read-only DB.
+	lock *os.File
+	// restartFrames is the WAL size, in frames, from which the WAL is due
+	// to start over (RestartDue).
+	restartFrames int
 
 	// stmts are the writer's statements, prepared on stmtConn, its
 	// connection.
@@ -208,17 +286,25 @@ type DB struct {
 	stmts    map[string]*sql.Stmt
 }
 
-// Path returns the journal file path under a storage directory.
+// Path returns the absolute journal file path under a storage directory.
 func Path(storageDir string) string {
 	if storageDir == "" {
 		storageDir = "mindroom_data"
 	}
-	return filepath.Join(storageDir, trackingDir, fileName)
+	path := filepath.Join(storageDir, trackingDir, fileName)
+	// Absolute, so the URI that names it for SQLite (fileURI) has no
+	// authority; the working directory only fails to resolve if it was
+	// removed, and then the open fails with a clear error of its own.
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return path
 }
 
-// Open opens (creating if needed) the journal under opts.StorageDir, applies
-// pending migrations, and refuses a database written by a newer binary or by
-// another application.
+// Open opens (creating if needed) the journal under opts.StorageDir for
+// writing, applies pending migrations, and refuses a database written by a
+// newer binary or by another application. It fails with ErrLocked while
+// another DB has the journal open for writing, in this process or another.
 func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := walbuf.Register(); err != nil {
 		return nil, err
@@ -227,6 +313,24 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create storage directory: %w", err)
 	}
+	lock, err := lockWriter(path)
+	if err != nil {
+		return nil, err
+	}
+	walBound := opts.WALBound
+	if walBound <= 0 {
+		walBound = DefaultWALBound
+	}
+	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail),
+		rooms: make(map[roomName]roomRef), lock: lock}
+	if db.maxUnmerged <= 0 {
+		db.maxUnmerged = DefaultMaxUnmergedTail
+	}
+	defer func() {
+		if err != nil {
+			_ = db.Close()
+		}
+	}()
 	// Create the file ourselves so it is private from the first byte; SQLite
 	// gives its -wal and -shm files the same mode.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -237,32 +341,18 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 		return nil, fmt.Errorf("create journal file: %w", err)
 	}
 
-	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail),
-		rooms: make(map[roomName]roomRef)}
-	if db.maxUnmerged <= 0 {
-		db.maxUnmerged = DefaultMaxUnmergedTail
-	}
-	defer func() {
-		if err != nil {
-			_ = db.Close()
-		}
-	}()
 	n := opts.Readers
 	if n <= 0 {
 		n = DefaultReaders
 	}
-	if db.Readers, err = sql.Open(readerDriver, dsn(path, false)); err != nil {
-		return nil, fmt.Errorf("open readers: %w", err)
-	}
+	db.Readers = openPool(dsn(path, false), connectReader)
 	db.Readers.SetMaxOpenConns(n)
 	db.Readers.SetMaxIdleConns(n)
 	version, err := identify(ctx, db.Readers)
 	if err != nil {
 		return nil, err
 	}
-	if db.Writer, err = sql.Open(writerDriver, dsn(path, true)); err != nil {
-		return nil, fmt.Errorf("open writer: %w", err)
-	}
+	db.Writer = openPool(dsn(path, true), writerSetup(walBound))
 	db.Writer.SetMaxOpenConns(1)
 	db.Writer.SetMaxIdleConns(1)
 	db.Writer.SetConnMaxLifetime(0)
@@ -276,13 +366,16 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if err := mintGeneration(ctx, db.Writer); err != nil {
 		return nil, err
 	}
+	var pageSize int
+	if err := db.Writer.QueryRowContext(ctx, queryPageSize).Scan(&pageSize); err != nil {
+		return nil, fmt.Errorf("read page size: %w", err)
+	}
+	db.restartFrames = int(walBound / 2 / int64(pageSize+walFrameHeader))
 
 	if err := db.Readers.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
 	}
-	if db.checkpointer, err = sql.Open(writerDriver, dsn(path, false)); err != nil {
-		return nil, fmt.Errorf("open checkpointer: %w", err)
-	}
+	db.checkpointer = openPool(dsn(path, false), writerSetup(walBound))
 	db.checkpointer.SetMaxOpenConns(1)
 	if err := db.countTail(ctx); err != nil {
 		return nil, err
@@ -303,11 +396,20 @@ func dsn(path string, writer bool) string {
 	if writer {
 		q.Set("_txlock", "immediate")
 	}
-	u := url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}
+	return fileURI(path, q)
+}
+
+// fileURI names path as a SQLite file: URI with query q. The path must be
+// absolute (Path makes it so): a relative one would put its first segment
+// in the URI's authority, which SQLite refuses. url.URL escapes what a URI
+// gives a meaning to (space, ?, #, %), and SQLite decodes it again.
+func fileURI(path string, q url.Values) string {
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(path), RawQuery: q.Encode()}
 	return u.String()
 }
 
-// Close closes both pools. The writer actor must have stopped first.
+// Close closes the pools and releases the writer's lock. The writer actor
+// must have stopped first.
 func (db *DB) Close() error {
 	var err error
 	db.stmtMu.Lock()
@@ -333,6 +435,13 @@ func (db *DB) Close() error {
 		if e := p.Close(); e != nil && err == nil {
 			err = e
 		}
+	}
+	// Last, once nothing of this DB can write any more.
+	if db.lock != nil {
+		if e := db.lock.Close(); e != nil && err == nil {
+			err = e
+		}
+		db.lock = nil
 	}
 	return err
 }

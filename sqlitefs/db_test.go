@@ -74,8 +74,10 @@ func TestOpenCreatesAPrivateFile(t *testing.T) {
 	}
 }
 
-func TestTheDefaultStorageDirectory(t *testing.T) {
-	if got, want := sqlitefs.Path(""), filepath.Join("mindroom_data", "tracking", "event_journal.db"); got != want {
+func TestTheDefaultStorageDirectoryIsUnderTheWorkingDirectory(t *testing.T) {
+	work := t.TempDir()
+	t.Chdir(work)
+	if got, want := sqlitefs.Path(""), filepath.Join(work, "mindroom_data", "tracking", "event_journal.db"); got != want {
 		t.Fatalf("Path(\"\") = %q, want %q", got, want)
 	}
 }
@@ -90,12 +92,15 @@ func TestTheWriterConnectionIsDurable(t *testing.T) {
 		t.Fatalf("journal_mode = %q, want wal", mode)
 	}
 	for pragma, want := range map[string]int64{
-		"synchronous":        2, // FULL
-		"foreign_keys":       1,
-		"busy_timeout":       10000,
-		"query_only":         0,
-		"page_size":          1024,
-		"wal_autocheckpoint": 65536,
+		"synchronous":  2, // FULL
+		"foreign_keys": 1,
+		"busy_timeout": 10000,
+		"query_only":   0,
+		"page_size":    1024,
+		// The automatic checkpoint and the truncation of a WAL that starts
+		// over both sit at the WAL's bound.
+		"wal_autocheckpoint": sqlitefs.DefaultWALBound / (1024 + 24),
+		"journal_size_limit": sqlitefs.DefaultWALBound,
 	} {
 		if got := pragmaInt(t, db.Writer, pragma); got != want {
 			t.Fatalf("writer %s = %d, want %d", pragma, got, want)
@@ -304,5 +309,107 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 	}
 	if len(page.Events) != 1 || page.Events[0].EventID != "$m1" {
 		t.Fatalf("pending after reopen = %+v, want $m1", page.Events)
+	}
+}
+
+// Test SQL: a table of filler, so a test can grow the WAL at will.
+const (
+	createBallast = `CREATE TABLE ballast (b BLOB)`
+	insertBallast = `INSERT INTO ballast (b) VALUES (zeroblob(?))`
+	insertMeta    = `INSERT INTO store_meta (key, value) VALUES (?, 'x')`
+	beginRead     = `BEGIN`
+	readMeta      = `SELECT count(*) FROM store_meta`
+)
+
+// walSize is the size of the journal's WAL file.
+func walSize(t *testing.T, db *sqlitefs.DB) int64 {
+	t.Helper()
+	fi, err := os.Stat(db.Path + "-wal")
+	if err != nil {
+		t.Fatalf("stat WAL: %v", err)
+	}
+	return fi.Size()
+}
+
+// A reader that keeps one snapshot open lets the WAL grow past its bound,
+// and while it reads, the WAL cannot start over. Once it is done, the WAL
+// starts over and its first commit shrinks the file back to the bound.
+func TestTheWALShrinksBackToItsBoundOnceReadersAllow(t *testing.T) {
+	ctx := context.Background()
+	const bound = 128 << 10
+	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: t.TempDir(), WALBound: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	for pragma, want := range map[string]int64{"journal_size_limit": bound, "wal_autocheckpoint": bound / (1024 + 24)} {
+		if got := pragmaInt(t, db.Writer, pragma); got != want {
+			t.Fatalf("writer %s = %d, want %d for a bound of %d bytes", pragma, got, want, bound)
+		}
+	}
+	w, err := db.Writer.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	write := func(q string, args ...any) {
+		t.Helper()
+		if _, err := w.ExecContext(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	r, err := db.Readers.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.ExecContext(ctx, beginRead); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := r.QueryRowContext(ctx, readMeta).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	write(createBallast)
+	write(insertBallast, 4*bound)
+	if got := walSize(t, db); got <= bound {
+		t.Fatalf("the WAL is %d bytes after %d bytes of filler, want more than its bound %d", got, 4*bound, bound)
+	}
+	res, err := db.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !db.RestartDue(res) {
+		t.Fatalf("a WAL of %d frames past its bound of %d bytes is not due to start over", res.LogFrames, bound)
+	}
+	res, err = sqlitefs.RestartWALOn(ctx, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Busy {
+		t.Fatalf("the WAL started over under a reader's snapshot: %+v", res)
+	}
+	write(insertMeta, "beside the reader") // the writer waits no longer than the try
+	if got := walSize(t, db); got <= bound {
+		t.Fatalf("the WAL shrank to %d bytes under a reader's snapshot", got)
+	}
+
+	if _, err := r.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = sqlitefs.RestartWALOn(ctx, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Busy || res.Checkpointed != res.LogFrames {
+		t.Fatalf("with no reader left the WAL did not start over: %+v", res)
+	}
+	write(insertMeta, "after the reader")
+	if got := walSize(t, db); got > bound {
+		t.Fatalf("the WAL is %d bytes after it started over, want at most its bound %d", got, bound)
+	}
+	if got := pragmaInt(t, w, "busy_timeout"); got != 10000 {
+		t.Fatalf("the writer waits %d ms for locks after a restart, want its own 10000 back", got)
 	}
 }

@@ -44,6 +44,14 @@ func IsFatal(err error) bool {
 	return false
 }
 
+// IsBusy reports the error of a lock another connection or process holds
+// past the busy timeout (a sqlite3 shell, a backup tool): the writer waits
+// it out rather than stopping, and a caller may retry.
+func IsBusy(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked)
+}
+
 // mapErr translates constraint codes into domain errors at this boundary, by
 // code and never by message text.
 func mapErr(err error) error {

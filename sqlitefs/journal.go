@@ -31,7 +31,7 @@ const (
 		SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12
 		WHERE NOT EXISTS (SELECT 1 FROM journal_events WHERE principal = ?1 AND id_hash = ?2 AND event_id = ?3)`
 	insertPayload  = `INSERT INTO journal_payloads (seq, payload) VALUES (?, ?)`
-	selectRoom     = `SELECT id, epoch FROM rooms WHERE principal = ? AND room_id = ?`
+	selectRoom     = `SELECT id, epoch, departed FROM rooms WHERE principal = ? AND room_id = ?`
 	insertRoom     = `INSERT INTO rooms (principal, room_id) VALUES (?, ?)`
 	selectThreadOf = `SELECT thread_id FROM journal_events WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ?`
 	insertRejected = `INSERT INTO rejected_events
@@ -96,7 +96,7 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 			}
 			rooms[ev.RoomID] = room
 		}
-		class := journal.Classify(ev, p.UserID)
+		class := journal.Classify(ev, p.UserID, room.departed)
 		seq, admitted, err := insertEvent(tx, p, ev, class, room.epoch)
 		if err != nil {
 			return nil, nil, fmt.Errorf("admit %s: %w", ev.ID, err)
@@ -105,8 +105,21 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 			results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Duplicate}
 			continue
 		}
-		if err := project(tx, p, ev, seq, room); err != nil {
-			return nil, nil, fmt.Errorf("project %s: %w", ev.ID, err)
+		// Events synced while p is out of the room (sent before a leave,
+		// delivered after it) belong to the ended membership: journaled to
+		// deduplicate, never projected into the next one.
+		if !room.departed {
+			if err := project(tx, p, ev, seq, room); err != nil {
+				return nil, nil, fmt.Errorf("project %s: %w", ev.ID, err)
+			}
+		}
+		// An original that projects resolves the edits held for it; any
+		// other arrival of their target means they will never apply, and
+		// a held edit never outlives its target's arrival.
+		if room.departed || !ev.Kind.Original() {
+			if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
+				return nil, nil, fmt.Errorf("drop edits held for %s: %w", ev.ID, err)
+			}
 		}
 		results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Admitted, Class: class}
 		newest[ev.RoomID] = seq
@@ -160,10 +173,12 @@ func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, ep
 	return seq, true, nil
 }
 
-// roomRef is a room as p's rows key it: its interned key and the
-// membership epoch current in this transaction.
+// roomRef is a room as p's rows key it: its interned key, and the
+// membership epoch current in this transaction and whether p is out of the
+// room.
 type roomRef struct {
 	key, epoch int64
+	departed   bool
 }
 
 // roomName names a room of a principal.
@@ -175,14 +190,15 @@ type roomName struct {
 // roomOf interns room for p on first sight and reads its epoch. Every
 // admitted event needs both, so they are cached (DB.rooms); an entry
 // appears only once the transaction that read it has committed, and the
-// fence, the one thing that changes an epoch, drops it (forgetRoom).
+// fence and a join, the only things that change a membership, drop it
+// (forgetRoom).
 func roomOf(tx *Tx, p Principal, room string) (roomRef, error) {
 	name := roomName{p.ID, room}
 	if r, ok := tx.db.rooms[name]; ok {
 		return r, nil
 	}
 	var r roomRef
-	err := tx.queryRow(selectRoom, p.ID, room).Scan(&r.key, &r.epoch)
+	err := tx.queryRow(selectRoom, p.ID, room).Scan(&r.key, &r.epoch, &r.departed)
 	if errors.Is(err, sql.ErrNoRows) {
 		res, err := tx.exec(insertRoom, p.ID, room)
 		if err != nil {

@@ -52,8 +52,9 @@ func membershipOf(tx *Tx, p Principal, room string) (epoch int64, departed bool,
 }
 
 // FenceDeparture applies one departure observation for p. A local leave
-// fences at once and owes one echo; a reported departure consumes an owed
-// echo if there is one, fences otherwise, and is applied only once.
+// fences at once and owes one echo; a reported leave consumes an owed echo
+// if there is one, fences otherwise; a removal (kick or ban) cannot be an
+// echo and fences unless p is already out. Each is applied only once.
 func FenceDeparture(tx *Tx, p Principal, room string, source journal.DepartureSource, observation string) (journal.DepartureOutcome, error) {
 	if !journal.ValidRoomID(room) {
 		return 0, fmt.Errorf("%w: %q is not a room ID", journal.ErrInvalidArgument, room)
@@ -105,6 +106,14 @@ func FenceDeparture(tx *Tx, p Principal, room string, source journal.DepartureSo
 			return 0, err
 		}
 		return journal.Fenced, nil
+	case journal.DepartureRemoved:
+		if departed {
+			return journal.AlreadyFenced, nil
+		}
+		if err := advanceEpoch(tx, p, room); err != nil {
+			return 0, err
+		}
+		return journal.Fenced, nil
 	}
 	return 0, fmt.Errorf("%w: unknown departure source %d", journal.ErrInvalidArgument, source)
 }
@@ -144,6 +153,7 @@ func RecordJoin(tx *Tx, p Principal, room, observation string) error {
 			return nil // an old join replayed cannot re-arm a newer departure
 		}
 	}
+	forgetRoom(tx, p, room)
 	_, err := tx.exec(upsertJoin, p.ID, room)
 	return err
 }

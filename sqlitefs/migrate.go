@@ -137,7 +137,7 @@ func mintGeneration(ctx context.Context, db *sql.DB) error {
 func (db *DB) Generation(ctx context.Context) (string, error) {
 	var g string
 	if err := db.Readers.QueryRowContext(ctx, selectGeneration).Scan(&g); err != nil {
-		return "", fmt.Errorf("read generation: %w", err)
+		return "", fmt.Errorf("read generation: %w", deadlineErr(ctx, err))
 	}
 	return g, nil
 }

@@ -330,3 +330,58 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 		t.Fatalf("pending after settling $a1 = %+v, %v; want $a3 and $b3", pending.Events, err)
 	}
 }
+
+// A read-only open never migrates: it refuses a journal one migration
+// behind, and leaves it byte for byte as the previous release wrote it, for
+// the daemon of this release to migrate.
+func TestAReadOnlyOpenRefusesAnOlderSchemaAndLeavesItAlone(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := Path(dir)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	older := SchemaVersion() - 1
+	func() {
+		raw, err := sql.Open("sqlite3", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		raw.SetMaxOpenConns(1)
+		for _, p := range []string{pragmaPageSize, pragmaJournalWAL} {
+			if _, err := raw.ExecContext(ctx, p); err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+		}
+		for _, m := range migrations()[:older] {
+			if err := apply(ctx, raw, m); err != nil {
+				t.Fatalf("apply %s: %v", m.name, err)
+			}
+		}
+		if err := mintGeneration(ctx, raw); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := OpenReadOnly(ctx, Options{StorageDir: dir})
+	if err == nil {
+		db.Close()
+		t.Fatalf("read-only open accepted a journal at schema version %d", older)
+	}
+	var oe *OlderDatabaseError
+	if !errors.As(err, &oe) || oe.Version != older || oe.Known != SchemaVersion() {
+		t.Fatalf("error = %v, want an OlderDatabaseError for version %d", err, older)
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(before, after) {
+		t.Fatal("a refused read-only open changed the journal file")
+	}
+}

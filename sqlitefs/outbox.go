@@ -32,6 +32,7 @@ const (
 		    replaces_event_id = ?, attempts = attempts + 1, updated_ms = ?
 		WHERE id = ?`
 	retireDelivery = `UPDATE delivery_outbox SET state = 4, updated_ms = ? WHERE id = ? AND state = 0`
+	adoptDevice    = `UPDATE delivery_outbox SET device_id = ?, updated_ms = ? WHERE id = ? AND state = 1`
 	ackDelivery    = `UPDATE delivery_outbox SET state = 2, event_id = ?, last_error = '', updated_ms = ?
 		WHERE id = ? AND state <> 2`
 	failDelivery = `UPDATE delivery_outbox SET state = CASE WHEN ? THEN 3 ELSE state END, last_error = ?, updated_ms = ?
@@ -79,7 +80,7 @@ func validStage(s journal.Stage) error {
 // and when any stage of the delivery is retired.
 func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.EnqueueResult, []hint.Hint, error) {
 	var res journal.EnqueueResult
-	if err := validateEnqueue(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return res, nil, err
 	}
 	thread, err := journal.EncodeThread(req.Thread)
@@ -169,20 +170,6 @@ func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.
 	return res, []hint.Hint{{Principal: p.String(), Room: req.RoomID}}, nil
 }
 
-func validateEnqueue(req journal.EnqueueRequest) error {
-	switch {
-	case req.DeliveryID == "":
-		return fmt.Errorf("%w: delivery ID is required", journal.ErrInvalidArgument)
-	case !journal.ValidRoomID(req.RoomID):
-		return fmt.Errorf("%w: %q is not a room ID", journal.ErrInvalidArgument, req.RoomID)
-	case len(req.Content) == 0 || req.Content[0] != '{' || !json.Valid(req.Content):
-		return fmt.Errorf("%w: content must be a JSON object", journal.ErrInvalidArgument)
-	case len(req.Content) > journal.MaxContentBytes:
-		return fmt.Errorf("%w: content larger than 64 KiB", journal.ErrInvalidArgument)
-	}
-	return validStage(req.Stage)
-}
-
 // ErrPlaceholderSuperseded refuses to claim an initial whose final already
 // owns the delivery. Claim retires the placeholder as it refuses, and unlike
 // other refusals that write must commit, or the scan offers it forever.
@@ -203,6 +190,9 @@ func Claim(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID
 	}
 	switch d.State {
 	case journal.DeliveryAttempted:
+		if d.DeviceID != "" && d.DeviceID != deviceID {
+			return d, fmt.Errorf("%w: %s/%s was sent from %s", journal.ErrDeviceChanged, deliveryID, stage, d.DeviceID)
+		}
 		// A retry: the identical delivery, same payload and transaction ID.
 		if _, err := tx.exec(claimDelivery, deviceID, d.ReplacesEventID, tx.nowMS(), d.Position); err != nil {
 			return d, err
@@ -244,13 +234,35 @@ func Claim(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID
 	return loadDelivery(tx, p, deliveryID, stage)
 }
 
+// AdoptDevice moves an attempted row to deviceID after reconciliation
+// found no copy of it in the room: from then on its retries are
+// deduplicated per the new device.
+func AdoptDevice(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID string) error {
+	if deviceID == "" {
+		return fmt.Errorf("%w: device ID is required", journal.ErrInvalidArgument)
+	}
+	d, err := loadDelivery(tx, p, deliveryID, stage)
+	if err != nil {
+		return err
+	}
+	if d.State != journal.DeliveryAttempted {
+		return fmt.Errorf("%w: %s/%s is %s", journal.ErrNotClaimable, deliveryID, stage, d.State)
+	}
+	_, err = tx.exec(adoptDevice, deviceID, tx.nowMS(), d.Position)
+	return err
+}
+
 // Acknowledge records the event ID the homeserver returned. The first
 // acknowledger also completes the turn record and, while the epoch that
-// authorized the row is still current, projects the delivered event; a later
-// acknowledger writes nothing and learns the first's event ID.
-func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, eventID string) (journal.AckResult, []hint.Hint, error) {
-	if !journal.ValidEventID(eventID) {
-		return journal.AckResult{}, nil, fmt.Errorf("%w: %q is not an event ID", journal.ErrInvalidArgument, eventID)
+// authorized the row is still current and the server's timestamp of the
+// event is known, projects the delivered event; a later acknowledger writes
+// nothing and learns the first's event ID.
+func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, sent journal.Sent) (journal.AckResult, []hint.Hint, error) {
+	if !journal.ValidEventID(sent.EventID) {
+		return journal.AckResult{}, nil, fmt.Errorf("%w: %q is not an event ID", journal.ErrInvalidArgument, sent.EventID)
+	}
+	if sent.ServerTS < 0 {
+		return journal.AckResult{}, nil, fmt.Errorf("%w: negative server timestamp %d", journal.ErrInvalidArgument, sent.ServerTS)
 	}
 	d, err := loadDelivery(tx, p, deliveryID, stage)
 	if err != nil {
@@ -259,12 +271,12 @@ func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, ev
 	if d.State == journal.DeliveryAcknowledged {
 		return journal.AckResult{EventID: d.EventID}, nil, nil
 	}
-	if _, err := tx.exec(ackDelivery, eventID, tx.nowMS(), d.Position); err != nil {
+	if _, err := tx.exec(ackDelivery, sent.EventID, tx.nowMS(), d.Position); err != nil {
 		return journal.AckResult{}, nil, fmt.Errorf("acknowledge: %w", err)
 	}
-	res := journal.AckResult{EventID: eventID, First: true}
+	res := journal.AckResult{EventID: sent.EventID, First: true}
 	if d.TurnID != "" && stage == journal.StageFinal {
-		if err := completeTurn(tx, p.Agent, d.TurnID, eventID); err != nil {
+		if err := completeTurn(tx, p.Agent, d.TurnID, sent.EventID); err != nil {
 			return journal.AckResult{}, nil, err
 		}
 	}
@@ -272,45 +284,36 @@ func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, ev
 	if err != nil {
 		return journal.AckResult{}, nil, err
 	}
-	if epoch == d.Epoch && !departed {
-		if err := projectDelivered(tx, p, d, eventID); err != nil {
+	if epoch == d.Epoch && !departed && sent.ServerTS > 0 {
+		if res.Projected, err = projectDelivered(tx, p, d, sent); err != nil {
 			return journal.AckResult{}, nil, err
 		}
-		res.Projected = true
 	}
 	return res, []hint.Hint{{Principal: p.String(), Room: d.RoomID}}, nil
 }
 
-// projectDelivered admits the delivered event as its sync echo would read,
-// so the echo later deduplicates against it and the projection rules stay
-// one.
-func projectDelivered(tx *Tx, p Principal, d journal.Delivery, eventID string) error {
+// projectDelivered admits the delivered event exactly as its sync echo
+// reads, server timestamp included, so whichever of the two comes first
+// projects it and the other deduplicates against it, and the projection
+// rules stay one. An event the rules refuse (a timestamp the parser finds
+// absurd) is recorded as rejected and left to its echo.
+func projectDelivered(tx *Tx, p Principal, d journal.Delivery, sent journal.Sent) (bool, error) {
 	content, err := journal.WireContent(d)
 	if err != nil {
-		return fmt.Errorf("project delivered: %w", err)
-	}
-	ts := tx.nowMS()
-	if d.ReplacesEventID != "" {
-		// The answer must win over the placeholder it edits even when both
-		// were acknowledged in the same millisecond: edits are ordered by
-		// (ts, event ID), and the homeserver picks the event IDs.
-		row, ok, err := visibleByEvent(tx, p, d.RoomID, d.ReplacesEventID)
-		if err != nil {
-			return fmt.Errorf("project delivered: %w", err)
-		}
-		if ok && row.revision.TS >= ts {
-			ts = row.revision.TS + 1
-		}
+		return false, fmt.Errorf("project delivered: %w", err)
 	}
 	raw, err := json.Marshal(map[string]any{
-		"event_id": eventID, "type": d.EventType, "sender": p.UserID,
-		"origin_server_ts": ts, "content": content,
+		"event_id": sent.EventID, "type": d.EventType, "sender": p.UserID,
+		"origin_server_ts": sent.ServerTS, "content": content,
 	})
 	if err != nil {
-		return fmt.Errorf("project delivered: %w", err)
+		return false, fmt.Errorf("project delivered: %w", err)
 	}
-	_, _, err = AdmitBatch(tx, p, Parse([]journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, tx.now), "")
-	return err
+	res, _, err := AdmitBatch(tx, p, Parse([]journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, tx.now), "")
+	if err != nil {
+		return false, err
+	}
+	return res[0].Outcome != journal.Rejected, nil
 }
 
 // Fail records a failed send. A permanent failure takes the row out of

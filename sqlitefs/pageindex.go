@@ -72,7 +72,18 @@ func MergePageTail(tx *Tx) (int64, error) {
 	if _, err := tx.exec(advancePageMerged, end.Int64); err != nil {
 		return 0, fmt.Errorf("merge page tail: %w", err)
 	}
-	tx.db.unmerged.Store(0) // the tail ended at end, and all of it moved
+	// The tail ended at end and all of it moved, but only for as long as
+	// this transaction does not roll the merge back: until it commits the
+	// merge, the next transaction recounts rather than trust the reset.
+	tx.db.unmerged.Store(0)
+	tx.db.mergedIn = tx
+	if tx.afterCommit != nil {
+		tx.afterCommit(func() {
+			if tx.db.mergedIn == tx {
+				tx.db.mergedIn = nil
+			}
+		})
+	}
 	return n, nil
 }
 
@@ -173,6 +184,16 @@ func (db *DB) MaxUnmerged() int64 { return db.maxUnmerged }
 // when it is full, so a burst that never lets the writer idle still bounds
 // it.
 func noteVisibleRow(tx *Tx) error {
+	if m := tx.db.mergedIn; m != nil && m != tx {
+		// An inline merge that reset the estimate was rolled back with the
+		// command that ran it: its tail is still there.
+		var n int64
+		if err := tx.queryRow(countUnmerged).Scan(&n); err != nil {
+			return fmt.Errorf("count unmerged page tail: %w", err)
+		}
+		tx.db.unmerged.Store(n)
+		tx.db.mergedIn = nil
+	}
 	if tx.db.unmerged.Add(1) < tx.db.maxUnmerged {
 		return nil
 	}

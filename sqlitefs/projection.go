@@ -67,7 +67,11 @@ func project(tx *Tx, p Principal, ev *journal.Event, seq int64, room roomRef) er
 	case journal.KindEdit:
 		return projectEdit(tx, p, ev, seq, room.epoch)
 	case journal.KindRedaction:
-		return projectRedaction(tx, p, ev, seq)
+		if err := projectRedaction(tx, p, ev, seq); err != nil {
+			return err
+		}
+		// A redaction can be redacted too, before it arrives.
+		return settleIfRedacted(tx, p, ev)
 	case journal.KindReaction:
 		return settleIfRedacted(tx, p, ev)
 	}
@@ -189,11 +193,21 @@ func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error
 	if journal.IsTransportProgress(ev, p.UserID) {
 		return nil
 	}
-	for _, id := range []string{ev.ID, ev.Target} {
-		dead, err := tombstoned(tx, p, ev.RoomID, id)
-		if err != nil || dead {
-			return err
-		}
+	if dead, err := tombstoned(tx, p, ev.RoomID, ev.Target); err != nil || dead {
+		return err
+	}
+	// An edit whose redaction came first still takes its place among the
+	// author's revisions, bodiless, exactly as if it had arrived first and
+	// been redacted then: arrival order must not decide whether an older
+	// revision comes back on screen. Recovering its body is the server's
+	// answer to a refetch, never local history.
+	redacted, err := tombstoned(tx, p, ev.RoomID, ev.ID)
+	if err != nil {
+		return err
+	}
+	content, preview := []byte(ev.NewContent), ev.Preview
+	if redacted {
+		content, preview = nil, false
 	}
 	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
 	row, ok, err := visibleByEvent(tx, p, ev.RoomID, ev.Target)
@@ -204,8 +218,19 @@ func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error
 		if row.sender != ev.Sender || !revision.After(row.revision) {
 			return nil
 		}
-		body, refresh := visibleBody(ev.NewContent, ev.Preview, seq)
+		body, refresh := visibleBody(content, preview, seq)
 		_, err := tx.exec(updateVisibleRevision, ev.ID, ev.TS, body, refresh, row.seq)
+		return err
+	}
+	// A target the journal already holds but does not show (undecryptable,
+	// fenced, admitted while out of the room, itself an edit) will never
+	// project: a held edit of it would keep its plaintext for good, so it is
+	// dropped. Only a target not yet seen is waited for.
+	var thread string
+	switch err := tx.queryRow(selectThreadOf, p.ID, IDHash(ev.Target), ev.Target, ev.RoomID).Scan(&thread); {
+	case err == nil:
+		return nil
+	case !errors.Is(err, sql.ErrNoRows):
 		return err
 	}
 	// The target has not arrived: hold the newest edit per (target, sender).
@@ -220,7 +245,11 @@ func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
-	_, err = tx.exec(upsertHeldEdit, p.ID, ev.RoomID, ev.Target, ev.Sender, ev.ID, ev.TS, string(ev.NewContent), epoch)
+	var body any
+	if content != nil {
+		body = string(content)
+	}
+	_, err = tx.exec(upsertHeldEdit, p.ID, ev.RoomID, ev.Target, ev.Sender, ev.ID, ev.TS, body, epoch)
 	return err
 }
 

@@ -26,7 +26,7 @@ type PrincipalStatus struct {
 func (db *DB) Status(ctx context.Context) ([]PrincipalStatus, error) {
 	rows, err := db.Readers.QueryContext(ctx, selectStatus)
 	if err != nil {
-		return nil, fmt.Errorf("read status: %w", err)
+		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
 	}
 	defer rows.Close()
 	var out []PrincipalStatus
@@ -37,5 +37,8 @@ func (db *DB) Status(ctx context.Context) ([]PrincipalStatus, error) {
 		}
 		out = append(out, s)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
+	}
+	return out, nil
 }

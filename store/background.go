@@ -21,32 +21,70 @@ func (s *Store) busy() bool { return len(s.sem) >= busyOutstanding }
 // copies many commits' pages. Under light load the checkpoint runs between
 // the writer's batches (writer.Maintain), never beside a commit; a
 // saturated writer has no time for it, so it runs beside, and less often.
+// Either way, a WAL past half its bound is then started over when readers
+// allow (sqlitefs.RestartWALOn).
 func (s *Store) runCheckpoints(ctx context.Context, interval time.Duration) {
 	interval = checkpointInterval(interval)
-	var lastBeside time.Time
+	var st checkpointState
 	afterCommits(ctx, s.commits, interval, func() bool { return true }, nil, func() {
-		var err error
-		if s.busy() {
-			if time.Since(lastBeside) < sqlitefs.SaturatedCheckpointInterval {
-				return // the commits that keep coming bring the next chance
-			}
-			lastBeside = time.Now()
-			_, err = s.db.Checkpoint(ctx)
-		} else {
-			err = writer.RequestMaintenance(ctx, s.system.Root, s.writer, &writer.Maintain{
-				Name: "checkpoint",
-				// Never interrupted: it runs on the writer's connection, and
-				// Close checkpoints everything after the writer stops anyway.
-				Run: func(conn *sql.Conn) error {
-					_, err := sqlitefs.CheckpointOn(context.Background(), conn)
-					return err
-				},
-			}, s.done)
-		}
-		if err != nil && ctx.Err() == nil {
+		if err := s.checkpoint(ctx, &st); err != nil && ctx.Err() == nil {
 			s.log.Warn().Err(err).Msg("Checkpoint failed; the WAL grows until one succeeds")
 		}
 	})
+}
+
+// checkpointState is what the checkpointer remembers between checkpoints.
+type checkpointState struct {
+	// lastBeside is when a checkpoint last ran beside the writer,
+	// lastRestart when the WAL was last started over or tried to be.
+	lastBeside, lastRestart time.Time
+}
+
+// checkpoint runs one checkpoint, and starts the WAL over after it if the
+// WAL holds half its bound. A try to start it over waits for readers with
+// the writer stopped, so tries come no more often than
+// sqlitefs.SaturatedCheckpointInterval.
+func (s *Store) checkpoint(ctx context.Context, st *checkpointState) error {
+	now := time.Now()
+	mayRestart := now.Sub(st.lastRestart) >= sqlitefs.SaturatedCheckpointInterval
+	var restarted bool // set on the writer's goroutine, read after its reply
+	restart := func(conn *sql.Conn) error {
+		restarted = true
+		_, err := sqlitefs.RestartWALOn(context.Background(), conn)
+		return err
+	}
+	var err error
+	if s.busy() {
+		if now.Sub(st.lastBeside) < sqlitefs.SaturatedCheckpointInterval {
+			return nil // the commits that keep coming bring the next chance
+		}
+		st.lastBeside = now
+		r, cerr := s.db.Checkpoint(ctx)
+		if cerr != nil || !mayRestart || !s.db.RestartDue(r) {
+			return cerr
+		}
+		err = s.maintain(ctx, "restart_wal", restart)
+	} else {
+		err = s.maintain(ctx, "checkpoint", func(conn *sql.Conn) error {
+			r, err := sqlitefs.CheckpointOn(context.Background(), conn)
+			if err != nil || !mayRestart || !s.db.RestartDue(r) {
+				return err
+			}
+			return restart(conn)
+		})
+	}
+	if err == nil && restarted {
+		st.lastRestart = now
+	}
+	return err
+}
+
+// maintain runs work on the writer's connection between its batches and
+// waits for it, or for ctx. The work itself takes no ctx: once it has
+// started on the writer's connection it finishes, and Close checkpoints
+// everything after the writer stops anyway.
+func (s *Store) maintain(ctx context.Context, name string, work func(conn *sql.Conn) error) error {
+	return writer.RequestMaintenance(ctx, s.system.Root, s.writer, &writer.Maintain{Name: name, Run: work}, s.done)
 }
 
 // checkpointInterval is the configured interval, or the default.

@@ -3,10 +3,12 @@ package store
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
@@ -293,5 +295,71 @@ func TestACycleGivenUpToASaturatedWriterRunsOnceTheWriterIdles(t *testing.T) {
 	waitCycle(true)
 	if left := s.db.Unmerged(); left != 0 {
 		t.Fatalf("the cycle after the burst left a tail of %d rows", left)
+	}
+}
+
+// Test SQL: filler that grows the WAL, and a read that holds a snapshot.
+const (
+	createBallast = `CREATE TABLE ballast (b BLOB)`
+	insertBallast = `INSERT INTO ballast (b) VALUES (zeroblob(?))`
+	beginRead     = `BEGIN`
+	readMeta      = `SELECT count(*) FROM store_meta`
+	endRead       = `ROLLBACK`
+)
+
+// walSize is the size of the store's WAL file.
+func walSize(t *testing.T, s *Store) int64 {
+	t.Helper()
+	fi, err := os.Stat(s.db.Path + "-wal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// A reader that keeps one snapshot lets the WAL grow past its bound. Once
+// no reader is left, a checkpoint starts the WAL over, and the commit after
+// it truncates the file back to the bound.
+func TestTheWALShrinksToItsBoundOnceReadersAllow(t *testing.T) {
+	ctx := context.Background()
+	// Nothing runs in the background: the test runs the checkpoint.
+	const bound = 1 << 20
+	s, v := openWith(t, Options{StorageDir: t.TempDir(), CheckpointInterval: time.Hour, MergeDelay: time.Hour, WALBound: bound})
+	reader, err := s.db.Readers.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	var n int
+	if _, err := reader.ExecContext(ctx, beginRead); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.QueryRowContext(ctx, readMeta).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	past := int64(bound + 512<<10)
+	if _, err := s.exec(ctx, "ballast", 0, func(tx *writer.Tx) (any, error) {
+		if _, err := tx.Exec(createBallast); err != nil {
+			return nil, err
+		}
+		return tx.Exec(insertBallast, past)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := walSize(t, s); got <= bound {
+		t.Fatalf("the WAL is %d bytes after %d bytes of filler under a reader, want more than its bound", got, past)
+	}
+	if _, err := reader.ExecContext(ctx, endRead); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := s.checkpoint(ctx, &checkpointState{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.AdmitBatch(ctx, mx.Live(mergeRooms[0], mx.Message("$after", "@alice:example.org", 1000, "hi")), ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := walSize(t, s); got > bound {
+		t.Fatalf("the WAL file is %d bytes after a checkpoint with no reader and a commit, want at most its bound %d", got, bound)
 	}
 }

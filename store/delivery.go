@@ -46,10 +46,18 @@ func (v *View) Claim(ctx context.Context, deliveryID string, stage journal.Stage
 	return res.d, nil
 }
 
+// AdoptDevice implements journal.Outbox.
+func (v *View) AdoptDevice(ctx context.Context, deliveryID string, stage journal.Stage, deviceID string) error {
+	_, err := write(ctx, v, "adopt_device", 0, func(tx *sqlitefs.Tx) (struct{}, []hint.Hint, error) {
+		return struct{}{}, nil, sqlitefs.AdoptDevice(tx, v.p, deliveryID, stage, deviceID)
+	})
+	return err
+}
+
 // Acknowledge implements journal.Outbox.
-func (v *View) Acknowledge(ctx context.Context, deliveryID string, stage journal.Stage, eventID string) (journal.AckResult, error) {
+func (v *View) Acknowledge(ctx context.Context, deliveryID string, stage journal.Stage, sent journal.Sent) (journal.AckResult, error) {
 	return write(ctx, v, "acknowledge", 0, func(tx *sqlitefs.Tx) (journal.AckResult, []hint.Hint, error) {
-		return sqlitefs.Acknowledge(tx, v.p, deliveryID, stage, eventID)
+		return sqlitefs.Acknowledge(tx, v.p, deliveryID, stage, sent)
 	})
 }
 

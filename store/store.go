@@ -64,10 +64,19 @@ type Options struct {
 	// page index before admission merges them inline (default
 	// sqlitefs.DefaultMaxUnmergedTail).
 	MaxUnmergedTail int
+	// WALBound is the size in bytes the checkpoints hold the WAL file to
+	// while readers allow (default sqlitefs.DefaultWALBound).
+	WALBound int64
 	// MergeDelay is how long after a commit a merge cycle moves the page
 	// index's unmerged tail into it (default DefaultMergeDelay); a tail
 	// half MaxUnmergedTail starts one at once.
 	MergeDelay time.Duration
+	// OnBusy, when set, is called each time the writer finds the journal's
+	// write lock still held by another connection (a sqlite3 shell, a
+	// backup tool) after the busy timeout, with how long its batch has
+	// waited so far. The writer logs the wait and keeps retrying; a metric
+	// can count here. It runs on the writer: it must not block.
+	OnBusy func(waited time.Duration)
 
 	// afterMergeCycle, when set, runs after each background merge cycle
 	// that did not fail, with whether it finished, so a test can wait for
@@ -96,6 +105,7 @@ type Store struct {
 	mergesDone chan struct{}
 
 	done      chan struct{} // closed when the writer has stopped
+	closing   chan struct{} // closed when Close begins, so a busy wait gives up
 	fatalMu   sync.Mutex
 	fatal     error
 	closeOnce sync.Once
@@ -113,18 +123,19 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		opts.MaxOutstanding = DefaultMaxOutstanding
 	}
 	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers,
-		PageBudget: opts.PageBudget, MaxUnmergedTail: opts.MaxUnmergedTail})
+		PageBudget: opts.PageBudget, MaxUnmergedTail: opts.MaxUnmergedTail, WALBound: opts.WALBound})
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
 	s := &Store{
-		db:     db,
-		system: opts.System,
-		hints:  opts.Hints,
-		log:    opts.Log,
-		now:    opts.Now,
-		sem:    make(chan struct{}, opts.MaxOutstanding),
-		done:   make(chan struct{}),
+		db:      db,
+		system:  opts.System,
+		hints:   opts.Hints,
+		log:     opts.Log,
+		now:     opts.Now,
+		sem:     make(chan struct{}, opts.MaxOutstanding),
+		done:    make(chan struct{}),
+		closing: make(chan struct{}),
 
 		afterMergeCycle: opts.afterMergeCycle,
 
@@ -145,6 +156,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		Log:           opts.Log.With().Str("actor", "writer").Logger(),
 		Publish:       s.hints.Publish,
 		IsFatal:       sqlitefs.IsFatal,
+		IsBusy:        sqlitefs.IsBusy,
+		OnBusy:        opts.OnBusy,
+		Closing:       s.closing,
 		OnStopped:     s.writerStopped,
 		Committed:     s.committed,
 		MaxBatch:      opts.MaxBatch,
@@ -220,6 +234,10 @@ func (s *Store) Close() error {
 		<-s.checksDone
 		// Poison is queued behind every command already sent, so those
 		// commit first; the writer's stop flushes whatever batch is open.
+		// If another connection holds the write lock meanwhile, a batch
+		// gives up after one more busy timeout rather than hold Close for
+		// as long as that lock lasts.
+		close(s.closing)
 		s.system.Root.Poison(s.writer)
 		<-s.done
 		if s.Fatal() == nil {

@@ -2,7 +2,9 @@
 // rows (committing attempted=1 before any network I/O), sends them through
 // the Sender port with their frozen transaction IDs, and acknowledges them.
 // It retries with backoff, honours 429 retry_after, records permanent
-// failures, and recovers unacknowledged rows on start. Each principal has
+// failures, and recovers unacknowledged rows on start. A row first attempted
+// from another device is reconciled before it is sent again: the homeserver
+// deduplicates per device, so a blind resend could show the reply twice. Each principal has
 // its own actor, so one principal's slow or failing sends never delay
 // another's.
 package outbox
@@ -42,6 +44,9 @@ const (
 	Accepted Point = "accepted"
 	// Acknowledged: the acknowledgement is committed.
 	Acknowledged Point = "acknowledged"
+	// Adopted: reconciliation found no copy of a row attempted from another
+	// device, and the row now belongs to this device.
+	Adopted Point = "adopted"
 )
 
 // Deps are the actor's collaborators.
@@ -49,6 +54,9 @@ type Deps struct {
 	// Outbox is the principal-bound delivery view.
 	Outbox journal.Outbox
 	Sender Sender
+	// Reconciler searches the room for a row attempted from another device
+	// before it is sent again. Without one such a row is never resent.
+	Reconciler Reconciler
 	// DeviceID is the sending device, recorded at claim: the homeserver
 	// deduplicates transaction IDs per device.
 	DeviceID string
@@ -117,6 +125,10 @@ func (a *outboxActor) Receive(ctx actor.Context) {
 	case *sent:
 		a.inFlight = false
 		a.finish(m)
+		a.pump(ctx)
+	case *reconciled:
+		a.inFlight = false
+		a.settleReconciled(m)
 		a.pump(ctx)
 	case *actor.Stopping:
 		a.cancel()
@@ -197,9 +209,16 @@ func (a *outboxActor) pump(ctx actor.Context) {
 // send started; a row that cannot be claimed now is skipped so it never
 // blocks the rows behind it.
 func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
+	if row.State == journal.DeliveryAttempted && row.DeviceID != "" && row.DeviceID != a.deps.DeviceID {
+		return a.reconcile(ctx, row)
+	}
 	d, err := a.deps.Outbox.Claim(a.ctx, row.DeliveryID, row.Stage, a.deps.DeviceID)
 	switch {
 	case errors.Is(err, journal.ErrStageBlocked), errors.Is(err, journal.ErrNotClaimable):
+		return false
+	case errors.Is(err, journal.ErrDeviceChanged):
+		// The scan's copy was older than the row; the next scan reconciles.
+		a.delay(key{row.DeliveryID, row.Stage}, 0)
 		return false
 	case err != nil:
 		a.deps.Log.Error().Err(err).Str("delivery_id", row.DeliveryID).Msg("Claim failed")
@@ -218,10 +237,60 @@ func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
 	go func() {
 		sctx, cancel := context.WithTimeout(parent, sendTimeout)
 		defer cancel()
-		id, err := sender.Send(sctx, d, content)
-		root.Send(self, &sent{delivery: d, eventID: id, err: err})
+		record, err := sender.Send(sctx, d, content)
+		root.Send(self, &sent{delivery: d, record: record, err: err})
 	}()
 	return true
+}
+
+// reconcile searches the room for row, attempted from another device, in
+// the background. It reports whether the search started.
+func (a *outboxActor) reconcile(ctx actor.Context, row journal.Delivery) bool {
+	k := key{row.DeliveryID, row.Stage}
+	if a.deps.Reconciler == nil {
+		a.deps.Log.Warn().Str("delivery_id", row.DeliveryID).Stringer("stage", row.Stage).
+			Str("sent_from", row.DeviceID).Str("device_id", a.deps.DeviceID).
+			Msg("Delivery was attempted from another device; it is not sent again without a reconciler")
+		a.delay(k, 0)
+		return false
+	}
+	a.inFlight = true
+	self, root, rec, parent := ctx.Self(), ctx.ActorSystem().Root, a.deps.Reconciler, a.ctx
+	go func() {
+		sctx, cancel := context.WithTimeout(parent, sendTimeout)
+		defer cancel()
+		record, found, err := rec.Find(sctx, row)
+		root.Send(self, &reconciled{delivery: row, record: record, found: found, err: err})
+	}()
+	return true
+}
+
+// settleReconciled acts on a search's outcome: a copy found in the room
+// acknowledges the row; none found hands the row to this device, whose
+// next claim sends it.
+func (a *outboxActor) settleReconciled(m *reconciled) {
+	d, k := m.delivery, key{m.delivery.DeliveryID, m.delivery.Stage}
+	log := a.deps.Log.With().Str("delivery_id", d.DeliveryID).Stringer("stage", d.Stage).Logger()
+	switch {
+	case m.err != nil:
+		log.Warn().Err(m.err).Msg("Reconciling a delivery attempted from another device failed")
+		a.delay(k, 0)
+	case m.found:
+		if _, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.record); err != nil {
+			log.Error().Err(err).Msg("Acknowledge failed")
+			a.delay(k, 0)
+			return
+		}
+		delete(a.backoff, k)
+		a.observe(Acknowledged, d)
+	default:
+		if err := a.deps.Outbox.AdoptDevice(a.ctx, d.DeliveryID, d.Stage, a.deps.DeviceID); err != nil {
+			log.Error().Err(err).Msg("Handing the delivery to this device failed")
+			a.delay(k, 0)
+			return
+		}
+		a.observe(Adopted, d)
+	}
 }
 
 // finish records a send's outcome.
@@ -230,14 +299,14 @@ func (a *outboxActor) finish(m *sent) {
 	log := a.deps.Log.With().Str("delivery_id", d.DeliveryID).Stringer("stage", d.Stage).Logger()
 	if m.err == nil {
 		a.observe(Accepted, d)
-		_, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.eventID)
+		_, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.record)
 		switch {
 		case err == nil:
 			delete(a.backoff, k)
 			a.observe(Acknowledged, d)
 			return
 		case errors.Is(err, journal.ErrInvalidArgument):
-			m.err = invalidAnswer(m.eventID, err)
+			m.err = invalidAnswer(m.record.EventID, err)
 		default:
 			// The send stays attempted; the retry reuses its transaction ID,
 			// so the server returns the same event.

@@ -42,16 +42,21 @@ const (
 // fakeHomeserver is the Sender: fault injection a real homeserver cannot
 // produce on demand. Every Send is handed to the test as a sendCall on
 // calls, and the test answers it. Accepted sends are deduplicated per
-// (device, transaction ID) as a homeserver does: the same transaction ID
-// returns the same event ID and becomes visible only once.
+// (device, transaction ID) as a homeserver does, the device being the one
+// the client is signed in as now (never the row's record of it): the same
+// transaction ID from the same device returns the same event ID and
+// becomes visible only once. It is also the Reconciler, searching what it
+// made visible for a delivery's marker.
 type fakeHomeserver struct {
 	name  string
 	calls chan *sendCall
 
 	mu       sync.Mutex
+	device   string            // the device the client is signed in as
 	byTxn    map[string]string // device + txn -> event ID
 	visible  []visibleMessage
 	attempts map[string]int // txn -> sends that reached the server
+	searches int            // Find calls
 }
 
 // visibleMessage is one event the fake server made visible.
@@ -59,15 +64,59 @@ type visibleMessage struct {
 	EventID string
 	TxnID   string
 	Content json.RawMessage
+	// ServerTS is the server's timestamp of the event.
+	ServerTS int64
 }
+
+// fakeServerEpochMS is where the fake server's clock starts; each event it
+// makes visible is one millisecond later than the last.
+const fakeServerEpochMS = 1_700_000_000_000
 
 func newFakeHomeserver(name string) *fakeHomeserver {
 	return &fakeHomeserver{
 		name:     name,
 		calls:    make(chan *sendCall),
+		device:   device,
 		byTxn:    make(map[string]string),
 		attempts: make(map[string]int),
 	}
+}
+
+// signIn makes the client's later sends come from dev, as a re-login does.
+func (f *fakeHomeserver) signIn(dev string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.device = dev
+}
+
+// Find implements outbox.Reconciler: the event that carries d's delivery
+// marker, if the server made one visible.
+func (f *fakeHomeserver) Find(_ context.Context, d journal.Delivery) (journal.Sent, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.searches++
+	for _, m := range f.visible {
+		var c map[string]json.RawMessage
+		if err := json.Unmarshal(m.Content, &c); err != nil {
+			return journal.Sent{}, false, err
+		}
+		var marker struct {
+			DeliveryID string `json:"delivery_id"`
+			Stage      string `json:"stage"`
+		}
+		if json.Unmarshal(c[journal.DeliveryKey], &marker) == nil &&
+			marker.DeliveryID == d.DeliveryID && marker.Stage == d.Stage.String() {
+			return journal.Sent{EventID: m.EventID, ServerTS: m.ServerTS}, true, nil
+		}
+	}
+	return journal.Sent{}, false, nil
+}
+
+// Searches returns how many times Find was called.
+func (f *fakeHomeserver) Searches() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.searches
 }
 
 // sendCall is one Send waiting for the test's answer.
@@ -83,7 +132,7 @@ type sendCall struct {
 }
 
 // Send implements outbox.Sender.
-func (f *fakeHomeserver) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (string, error) {
+func (f *fakeHomeserver) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
 	c := &sendCall{
 		Delivery: d, Content: content, At: time.Now(), srv: f,
 		reply: make(chan error, 1), returned: make(chan time.Time, 1),
@@ -94,7 +143,7 @@ func (f *fakeHomeserver) Send(ctx context.Context, d journal.Delivery, content j
 	select {
 	case f.calls <- c:
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return journal.Sent{}, ctx.Err()
 	}
 	var err error
 	select {
@@ -102,27 +151,33 @@ func (f *fakeHomeserver) Send(ctx context.Context, d journal.Delivery, content j
 	case <-ctx.Done():
 		err = &outbox.SendError{Err: ctx.Err()}
 	}
-	id := ""
+	var rec journal.Sent
 	if err == nil {
-		id = f.accept(d, content)
+		rec = f.accept(d, content)
 	}
 	c.returned <- time.Now()
-	return id, err
+	return rec, err
 }
 
-// accept records a send on the server: a new transaction ID of the device
-// becomes a visible event; a repeated one returns the first event ID.
-func (f *fakeHomeserver) accept(d journal.Delivery, content json.RawMessage) string {
+// accept records a send on the server: a new transaction ID of the signed
+// in device becomes a visible event; a repeated one returns the first
+// event.
+func (f *fakeHomeserver) accept(d journal.Delivery, content json.RawMessage) journal.Sent {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	k := d.DeviceID + "\x00" + d.TxnID
+	k := f.device + "\x00" + d.TxnID
 	if id, ok := f.byTxn[k]; ok {
-		return id
+		for _, m := range f.visible {
+			if m.EventID == id {
+				return journal.Sent{EventID: id, ServerTS: m.ServerTS}
+			}
+		}
 	}
 	id := fmt.Sprintf("$%s-%d:example.org", f.name, len(f.visible)+1)
 	f.byTxn[k] = id
-	f.visible = append(f.visible, visibleMessage{EventID: id, TxnID: d.TxnID, Content: content})
-	return id
+	ts := int64(fakeServerEpochMS + len(f.visible) + 1)
+	f.visible = append(f.visible, visibleMessage{EventID: id, TxnID: d.TxnID, Content: content, ServerTS: ts})
+	return journal.Sent{EventID: id, ServerTS: ts}
 }
 
 // Visible returns the events the server made visible, in order.
@@ -168,7 +223,7 @@ func (c *sendCall) answer(ctx context.Context, t *testing.T, err error) time.Tim
 func (c *sendCall) accept(ctx context.Context, t *testing.T) string {
 	t.Helper()
 	c.answer(ctx, t, nil)
-	return c.srv.accept(c.Delivery, c.Content)
+	return c.srv.accept(c.Delivery, c.Content).EventID
 }
 
 // fail answers with err and returns when the failure reached the actor.
@@ -616,7 +671,7 @@ func TestRestartResendsAnAcceptedUnacknowledgedSendWithItsTxnID(t *testing.T) {
 	first := h.spawn(v, srv, nil)
 	c := srv.next(h.ctx, t)
 	// The server accepts the event, but the actor stops before it hears so.
-	eventID := srv.accept(c.Delivery, c.Content)
+	eventID := srv.accept(c.Delivery, c.Content).EventID
 	first.stop()
 	select {
 	case <-c.returned:
@@ -663,7 +718,7 @@ func TestRestartSendsARowClaimedButNeverAcknowledged(t *testing.T) {
 	if err != nil {
 		t.Fatalf("WireContent: %v", err)
 	}
-	eventID := srv.accept(claimed, wire)
+	eventID := srv.accept(claimed, wire).EventID
 
 	a := h.spawn(v, srv, nil)
 	c := srv.next(h.ctx, t)

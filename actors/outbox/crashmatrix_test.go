@@ -781,13 +781,20 @@ func loadServerRecords(path string) ([]serverRecord, int64, error) {
 	return out, int64(whole), nil
 }
 
+// crashServerEpochMS is where the crash server's clock starts: its n-th
+// recorded event carries this plus n.
+const crashServerEpochMS = 1_700_000_000_000
+
 // recordingServer is a homeserver stand-in for the crash child: it accepts
 // a send by appending it to a file, fsynced before it answers, and
-// deduplicates transaction IDs per device across restarts.
+// deduplicates transaction IDs per device across restarts, the device being
+// the one the child is signed in as.
 type recordingServer struct {
-	mu    sync.Mutex
-	f     *os.File
-	byTxn map[string]string // device + txn -> event ID
+	mu     sync.Mutex
+	f      *os.File
+	device string
+	byTxn  map[string]string // device + txn -> event ID
+	events int               // records so far: the server's clock
 }
 
 func openRecordingServer(path string) (*recordingServer, error) {
@@ -805,7 +812,7 @@ func openRecordingServer(path string) (*recordingServer, error) {
 	if _, err := f.Seek(whole, io.SeekStart); err != nil {
 		return nil, errors.Join(err, f.Close())
 	}
-	s := &recordingServer{f: f, byTxn: make(map[string]string)}
+	s := &recordingServer{f: f, device: crashDevice, byTxn: make(map[string]string), events: len(records)}
 	for _, r := range records {
 		s.byTxn[r.Device+"\x00"+r.TxnID] = r.EventID
 	}
@@ -813,33 +820,34 @@ func openRecordingServer(path string) (*recordingServer, error) {
 }
 
 // Send implements outbox.Sender.
-func (s *recordingServer) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (string, error) {
+func (s *recordingServer) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
 	if err := ctx.Err(); err != nil {
-		return "", &outbox.SendError{Err: err}
+		return journal.Sent{}, &outbox.SendError{Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := d.DeviceID + "\x00" + d.TxnID
+	k := s.device + "\x00" + d.TxnID
 	if id, ok := s.byTxn[k]; ok {
-		return id, nil
+		return journal.Sent{EventID: id}, nil // its timestamp unknown: the echo orders it
 	}
 	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return "", err
+		return journal.Sent{}, err
 	}
-	r := serverRecord{Device: d.DeviceID, TxnID: d.TxnID, EventID: "$" + hex.EncodeToString(rnd[:]) + ":crash.example.org", Content: content}
+	r := serverRecord{Device: s.device, TxnID: d.TxnID, EventID: "$" + hex.EncodeToString(rnd[:]) + ":crash.example.org", Content: content}
 	line, err := json.Marshal(r)
 	if err != nil {
-		return "", &outbox.SendError{Status: 400, Err: err}
+		return journal.Sent{}, &outbox.SendError{Status: 400, Err: err}
 	}
 	if _, err := s.f.Write(append(line, '\n')); err != nil {
-		return "", &outbox.SendError{Status: 500, Err: err}
+		return journal.Sent{}, &outbox.SendError{Status: 500, Err: err}
 	}
 	if err := s.f.Sync(); err != nil {
-		return "", &outbox.SendError{Status: 500, Err: err}
+		return journal.Sent{}, &outbox.SendError{Status: 500, Err: err}
 	}
 	s.byTxn[k] = r.EventID
-	return r.EventID, nil
+	s.events++
+	return journal.Sent{EventID: r.EventID, ServerTS: crashServerEpochMS + int64(s.events)}, nil
 }
 
 // Close closes the server's file.

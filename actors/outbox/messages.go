@@ -10,7 +10,16 @@ type (
 	// sent reports the outcome of one send started by the actor.
 	sent struct {
 		delivery journal.Delivery
-		eventID  string
+		record   journal.Sent
+		err      error
+	}
+
+	// reconciled reports the search for a delivery attempted from another
+	// device.
+	reconciled struct {
+		delivery journal.Delivery
+		record   journal.Sent
+		found    bool
 		err      error
 	}
 

@@ -12,9 +12,21 @@ import (
 
 // Sender is the port to the homeserver. Send must use d.TxnID as the
 // transaction ID, so a repeated send of a frozen delivery is deduplicated
-// by the server (per sending device).
+// by the server (per sending device). It returns the server's record of the
+// event: its event ID and, when it can learn it (a fetch of the event), the
+// server's timestamp, which orders the reply's projection.
 type Sender interface {
-	Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (eventID string, err error)
+	Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error)
+}
+
+// Reconciler looks for a delivery in its room's recent history, as sent by
+// the agent. Homeservers deduplicate transaction IDs per device, and Matrix
+// returns unsigned.transaction_id only to the sending device, so after a
+// device change the only sure sign that an attempted send reached the room
+// is the delivery marker in its content (journal.DeliveryKey). Find reports
+// the server's record of the event carrying d's marker, if there is one.
+type Reconciler interface {
+	Find(ctx context.Context, d journal.Delivery) (sent journal.Sent, found bool, err error)
 }
 
 // SendError is a failed send with the homeserver's answer.

@@ -3,9 +3,12 @@
 //
 // It group-commits: every command queued when a batch opens joins one
 // transaction, each command in its own savepoint, then one COMMIT (one fsync),
-// and only then does every sender get its reply. Hints go out after the
-// commit. A storage fault or a panic fails the whole batch and stops the
-// writer for good; it is never restarted holding a leaked transaction.
+// and only then does every sender get its reply. After-commit work and hints
+// follow the replies, so nothing that fails after the commit can make a
+// committed command look failed. A storage fault or a panic fails the whole
+// batch and stops the writer for good; it is never restarted holding a
+// leaked transaction. Another connection holding the write lock is no fault:
+// the batch waits for it (see Deps.IsBusy).
 package writer
 
 import (
@@ -35,6 +38,19 @@ const (
 // stopped.
 var ErrStopped = errors.New("writer stopped")
 
+// ErrBusy is returned for commands given up while another connection held
+// the write lock and the writer was asked to stop (Deps.Closing). They did
+// not run; the writer itself is not at fault.
+var ErrBusy = errors.New("database busy")
+
+// Backoff between BEGIN attempts on a busy database. Each attempt already
+// waits out the connection's busy timeout inside SQLite; the pause only
+// keeps a short timeout from spinning.
+const (
+	busyBackoffMin = 10 * time.Millisecond
+	busyBackoffMax = 250 * time.Millisecond
+)
+
 // FatalError wraps the fault that failed a whole batch and stopped the writer.
 type FatalError struct{ Err error }
 
@@ -61,6 +77,20 @@ type Deps struct {
 	// IsFatal reports storage errors that poison the transaction (disk full,
 	// I/O error, corruption). Such an error stops the writer.
 	IsFatal func(error) bool
+	// IsBusy reports the error of a lock held by another connection (a
+	// sqlite3 shell, a backup tool) past the busy timeout. A batch whose
+	// BEGIN meets it waits and retries, answering the commands whose callers
+	// give up meanwhile; it never stops the writer. Nil means no error is.
+	IsBusy func(error) bool
+	// OnBusy, when set, is called after each BEGIN that met a busy database,
+	// with how long the batch has waited so far (a metric listens here).
+	OnBusy func(waited time.Duration)
+	// Closing, when set, is closed by the owner before an orderly stop. From
+	// then on a batch whose BEGIN is still busy gives up instead of waiting
+	// again: its commands get ErrBusy, so a lock that is never released
+	// holds the stop for at most one busy timeout per batch, not forever.
+	// Without it a batch waits for as long as any of its callers does.
+	Closing <-chan struct{}
 	// OnStopped is called once when the actor has stopped, with the fault
 	// that stopped it or nil after an orderly stop.
 	OnStopped func(error)
@@ -83,6 +113,9 @@ func Props(d Deps) *actor.Props {
 	}
 	if d.IsFatal == nil {
 		d.IsFatal = func(error) bool { return false }
+	}
+	if d.IsBusy == nil {
+		d.IsBusy = func(error) bool { return false }
 	}
 	return actor.PropsFromProducer(func() actor.Actor { return &writerActor{deps: d} },
 		actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
@@ -224,7 +257,21 @@ func (a *writerActor) flush(ctx actor.Context) {
 	}
 	batch := a.batch
 	a.batch, a.bytes = nil, 0
-	replies, tx, err := a.run(batch)
+	batch, err := a.begin(ctx, batch)
+	if errors.Is(err, ErrBusy) {
+		for _, q := range batch {
+			q.answer(ctx, &Executed{Err: err})
+		}
+		return
+	}
+	if err == nil && len(batch) == 0 {
+		return // every caller gave up while the database was busy
+	}
+	var replies []*Executed
+	var tx *Tx
+	if err == nil {
+		replies, tx, err = a.run(batch)
+	}
 	if err != nil {
 		a.failed = &FatalError{Err: err}
 		a.deps.Log.Error().Err(err).Int("commands", len(batch)).Msg("Batch failed; stopping the writer")
@@ -234,17 +281,121 @@ func (a *writerActor) flush(ctx actor.Context) {
 		ctx.Stop(ctx.Self())
 		return
 	}
-	for _, f := range tx.afterCommit {
-		f()
-	}
+	// The batch is durable: its replies go out before anything that could
+	// still fail, and nothing after this point may turn them into errors.
 	for i, q := range batch {
 		q.answer(ctx, replies[i])
 	}
+	// Each step is guarded on its own: the hints and the commit count
+	// describe durable work, so they still go out if an earlier step fails.
+	fault := guard("after-commit work", func() {
+		for _, f := range tx.afterCommit {
+			f()
+		}
+	})
 	if len(tx.hints) > 0 && a.deps.Publish != nil {
-		a.deps.Publish(tx.hints)
+		fault = errors.Join(fault, guard("publish", func() { a.deps.Publish(tx.hints) }))
 	}
 	if a.deps.Committed != nil {
-		a.deps.Committed(len(batch))
+		fault = errors.Join(fault, guard("committed", func() { a.deps.Committed(len(batch)) }))
+	}
+	if fault != nil {
+		// After-commit work keeps state beside the database in step with
+		// it; once some of it failed that state is unknown, so the writer
+		// must not run another batch against it.
+		a.fail(ctx, fault)
+	}
+}
+
+// guard runs f, returning a panic in it as an error.
+func guard(what string, f func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in %s: %v", what, r)
+		}
+	}()
+	f()
+	return nil
+}
+
+// begin opens the batch transaction, on the writer's connection. While
+// another connection holds the write lock it waits and retries: a busy
+// database is not a fault. The commands whose callers give up meanwhile are
+// answered with their context's error and left out of what it returns; if
+// every caller gives up it returns none and opens nothing. A returned
+// ErrBusy (the owner is stopping the writer) opened nothing either.
+//
+// Only BEGIN waits. From BEGIN IMMEDIATE to COMMIT the writer holds the WAL
+// write lock, and in WAL mode writing frames, committing included, never
+// waits for another lock; a busy error from a command is its own ordinary
+// failure.
+func (a *writerActor) begin(ctx actor.Context, batch []queued) ([]queued, error) {
+	if err := a.connect(); err != nil {
+		return batch, err
+	}
+	// The wait is measured on the monotonic clock, not Deps.Now: it is
+	// never stored, and a test's clock stands still.
+	start := time.Now()
+	backoff := busyBackoffMin
+	for attempt := 0; ; attempt++ {
+		err := a.control(beginImmediate)
+		if err == nil {
+			if attempt > 0 {
+				a.deps.Log.Info().Dur("waited", time.Since(start)).Int("commands", len(batch)).
+					Msg("Database no longer busy; batch goes on")
+			}
+			return batch, nil
+		}
+		if !a.deps.IsBusy(err) {
+			return batch, fmt.Errorf("begin: %w", err)
+		}
+		waited := time.Since(start)
+		if attempt == 0 {
+			a.deps.Log.Warn().Err(err).Int("commands", len(batch)).
+				Msg("Database busy: another connection holds the write lock; waiting")
+		}
+		if a.deps.OnBusy != nil {
+			a.deps.OnBusy(waited)
+		}
+		batch = abandonGivenUp(ctx, batch)
+		if len(batch) == 0 {
+			a.deps.Log.Info().Dur("waited", waited).Msg("Every caller gave up while the database was busy")
+			return nil, nil
+		}
+		if closed(a.deps.Closing) {
+			a.deps.Log.Warn().Dur("waited", waited).Int("commands", len(batch)).
+				Msg("Database still busy while stopping; giving the batch up")
+			return batch, fmt.Errorf("%w: %w", ErrBusy, err)
+		}
+		select {
+		case <-time.After(backoff):
+		case <-a.deps.Closing: // one more try, then give up
+		}
+		backoff = min(2*backoff, busyBackoffMax)
+	}
+}
+
+// abandonGivenUp answers the commands whose callers gave up with their
+// context's error and returns the rest.
+func abandonGivenUp(ctx actor.Context, batch []queued) []queued {
+	kept := batch[:0]
+	for _, q := range batch {
+		if q.cmd.Ctx != nil && q.cmd.Ctx.Err() != nil {
+			q.answer(ctx, &Executed{Err: q.cmd.Ctx.Err()})
+			continue
+		}
+		kept = append(kept, q)
+	}
+	return kept
+}
+
+// closed reports whether c is closed; a nil c never is.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -277,20 +428,15 @@ func (a *writerActor) control(query string) error {
 	return err
 }
 
-// run executes one batch in one transaction. A returned error is fatal: the
-// transaction was rolled back and no command of the batch took effect.
+// run executes one batch in the transaction begin opened, and commits it. A
+// returned error is fatal: the transaction was rolled back and no command of
+// the batch took effect.
 //
 // The writer drives BEGIN and COMMIT itself on a connection it holds for its
 // whole life rather than through *sql.Tx: database/sql starts a goroutine
 // for every query inside an *sql.Tx, and admission runs several queries per
 // event.
 func (a *writerActor) run(batch []queued) (replies []*Executed, committed *Tx, err error) {
-	if err := a.connect(); err != nil {
-		return nil, nil, err
-	}
-	if err := a.control(beginImmediate); err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
-	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic in batch: %v", r)
@@ -371,22 +517,35 @@ func Request(ctx context.Context, root *actor.RootContext, pid *actor.PID, cmd *
 	return r.Result, r.Err
 }
 
-// await waits for a reply, for ctx, or for the writer to stop. A reply sent
-// before the writer stopped is always preferred over ErrStopped, so work the
-// writer answered is never reported as lost.
+// await waits for a reply, for ctx, or for the writer to stop. A reply that
+// has arrived always wins over ErrStopped and over ctx's end, whichever
+// select picks: work the writer answered, committed work above all, is
+// never reported as lost or abandoned.
 func await[T any](ctx context.Context, reply <-chan T, done <-chan struct{}) (T, error) {
 	var zero T
 	select {
 	case r := <-reply:
 		return r, nil
 	case <-done:
-		select {
-		case r := <-reply:
+		if r, ok := ready(reply); ok {
 			return r, nil
-		default:
-			return zero, ErrStopped
 		}
+		return zero, ErrStopped
 	case <-ctx.Done():
+		if r, ok := ready(reply); ok {
+			return r, nil
+		}
 		return zero, ctx.Err()
+	}
+}
+
+// ready returns the reply if it has arrived, without waiting.
+func ready[T any](reply <-chan T) (T, bool) {
+	select {
+	case r := <-reply:
+		return r, true
+	default:
+		var zero T
+		return zero, false
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // testDeadline bounds every wait in these tests, so a deadlock fails the
@@ -45,6 +46,20 @@ type harnessOptions struct {
 	// publish, when set, runs inside Publish before the hints are handed to
 	// the test.
 	publish func([]hint.Hint)
+	// busyTimeout, when set, runs the writer on a pool of its own over the
+	// same file whose connection waits this long for another connection's
+	// lock, instead of the journal's ten seconds.
+	busyTimeout time.Duration
+	// onBusy and closing are the writer's Deps.OnBusy and Deps.Closing.
+	onBusy  func(waited time.Duration)
+	closing <-chan struct{}
+}
+
+// isBusy is the store's busy predicate: another connection holds a lock,
+// by SQLite's code.
+func isBusy(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked)
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -58,6 +73,14 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	if _, err := db.Writer.ExecContext(ctx, `CREATE TABLE scratch (k TEXT PRIMARY KEY)`); err != nil {
 		t.Fatalf("create scratch table: %v", err)
 	}
+	writerDB := db.Writer
+	if o.busyTimeout > 0 {
+		q := url.Values{"_txlock": {"immediate"}, "_busy_timeout": {fmt.Sprint(o.busyTimeout.Milliseconds())}, "vfs": {walbuf.Name}}
+		if writerDB, err = sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: db.Path, RawQuery: q.Encode()}).String()); err != nil {
+			t.Fatalf("open writer pool: %v", err)
+		}
+		writerDB.SetMaxOpenConns(1)
+	}
 	system := actors.NewSystem(zerolog.Nop())
 	h := &harness{
 		t: t, ctx: ctx, db: db, root: system.Root,
@@ -65,9 +88,12 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 		hints: make(chan []hint.Hint, 64),
 	}
 	h.pid = system.Root.Spawn(writer.Props(writer.Deps{
-		DB:      db.Writer,
+		DB:      writerDB,
 		Log:     zerolog.Nop(),
 		IsFatal: sqlitefs.IsFatal,
+		IsBusy:  isBusy,
+		OnBusy:  o.onBusy,
+		Closing: o.closing,
 		Publish: func(hs []hint.Hint) {
 			if o.publish != nil {
 				o.publish(hs)
@@ -94,6 +120,11 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 				t.Errorf("writer did not stop after Poison")
 			}
 		}
+		if writerDB != db.Writer {
+			if err := writerDB.Close(); err != nil {
+				t.Errorf("close writer pool: %v", err)
+			}
+		}
 		if err := db.Close(); err != nil {
 			t.Errorf("close journal file: %v", err)
 		}
@@ -101,7 +132,6 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	return h
 }
 
-// stopErr waits for the writer to stop and returns OnStopped's argument.
 // mustBeRunning fails t if the writer has stopped, after what.
 func (h *harness) mustBeRunning(t *testing.T, after string) {
 	t.Helper()
@@ -112,6 +142,7 @@ func (h *harness) mustBeRunning(t *testing.T, after string) {
 	}
 }
 
+// stopErr waits for the writer to stop and returns OnStopped's argument.
 func (h *harness) stopErr() error {
 	h.t.Helper()
 	select {
@@ -715,6 +746,79 @@ func TestWriterPanicAfterCommitStillStopsWithFault(t *testing.T) {
 	}
 }
 
+// replyOrStop returns the reply on ch, failing t if the writer stopped
+// without sending one.
+func (h *harness) replyOrStop(t *testing.T, name string, ch <-chan *writer.Executed) *writer.Executed {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-h.done:
+		select {
+		case r := <-ch:
+			return r
+		default:
+			t.Fatalf("%s: the writer stopped without answering it (%v)", name, h.stopErr())
+		}
+	case <-h.ctx.Done():
+		t.Fatalf("no reply to %s: %v", name, h.ctx.Err())
+	}
+	return nil
+}
+
+func TestACommittedCommandIsAnsweredAsCommittedWhenAfterCommitWorkPanics(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	release, _ := h.gate()
+	// A and B share one batch; A's after-commit work panics once it has
+	// committed.
+	a := h.send("A", func(tx *writer.Tx) (any, error) {
+		tx.AfterCommit(func() { panic("injected after-commit fault") })
+		_, err := tx.Exec(`INSERT INTO scratch (k) VALUES ('a')`)
+		return tx, err
+	})
+	b := h.send("B", insert("b"))
+	release()
+
+	ra, rb := h.replyOrStop(t, "A", a), h.replyOrStop(t, "B", b)
+	for name, r := range map[string]*writer.Executed{"A": ra, "B": rb} {
+		if r.Err != nil {
+			t.Errorf("%s: got %v, want nil: its batch committed", name, r.Err)
+		}
+	}
+	if txOf(t, "A", ra) != txOf(t, "B", rb) {
+		t.Fatalf("A and B ran in different transactions; the test needs one batch")
+	}
+
+	// The panic leaves the writer's cache state unknown: it stops, as a
+	// fault.
+	stopErr := h.stopErr()
+	var fe *writer.FatalError
+	if !errors.As(stopErr, &fe) {
+		t.Fatalf("OnStopped: got %v (%T), want *writer.FatalError, not an orderly stop", stopErr, stopErr)
+	}
+	_, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "later", Run: insert("later")}, h.done)
+	if !errors.Is(err, writer.ErrStopped) {
+		t.Errorf("request after the stop: got %v, want %v", err, writer.ErrStopped)
+	}
+
+	// What was answered as committed is in the file, for a connection
+	// opened afresh after the writer stopped.
+	fresh, err := sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: h.db.Path, RawQuery: "mode=ro"}).String())
+	if err != nil {
+		t.Fatalf("open fresh connection: %v", err)
+	}
+	defer fresh.Close()
+	for _, k := range []string{"a", "b"} {
+		var n int
+		if err := fresh.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
+			t.Fatalf("read row %q afresh: %v", k, err)
+		}
+		if n != 1 {
+			t.Errorf("row %q answered as committed but not in the file", k)
+		}
+	}
+}
+
 func TestWriterSkipsCommandWhoseCallerGaveUp(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	release, _ := h.gate()
@@ -1008,7 +1112,11 @@ func TestAfterCommitWorkRunsInOrderOnceCommittedWithoutRolledBackOnes(t *testing
 		}
 	}
 	h.runABC(t, recording)
-	// The replies are sent after the after-commit work, so it is all done.
+	// The replies go out before the after-commit work; a later command's
+	// batch begins only once that work is done.
+	if _, err := writer.Request(h.ctx, h.root, h.pid, &writer.Execute{Name: "after", Run: insert("after")}, h.done); err != nil {
+		t.Fatalf("command after the batch: %v", err)
+	}
 	if want := []string{"a", "c"}; !slices.Equal(ran, want) {
 		t.Errorf("after-commit work ran for %v, want %v", ran, want)
 	}

@@ -53,7 +53,9 @@ func (t *Tx) Hint(h hint.Hint) { t.hints = append(t.hints, h) }
 // writer's goroutine before the next batch begins, in the order recorded.
 // It is for state kept beside the database that may only show what is
 // committed. Like a hint, f is discarded with a command that rolls back,
-// and with the whole batch if it does not commit.
+// and with the whole batch if it does not commit. It runs after the batch's
+// replies have gone out: a panic in f stops the writer as a fault, but the
+// commands it answered stay committed and answered as such.
 func (t *Tx) AfterCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
 // Execute asks the writer to run a command in the next group commit. The

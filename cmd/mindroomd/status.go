@@ -4,20 +4,17 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
-// runStatus prints one line per principal. It refuses to create a journal
-// where none exists, so a mistyped path is an error rather than a new file.
+// runStatus prints one line per principal. It reads the journal read-only
+// (sqlitefs.OpenReadOnly), so it runs beside the daemon without waiting for
+// it or changing the file, and a mistyped path is an error rather than a
+// new file.
 func runStatus(ctx context.Context, out io.Writer, storage string) error {
-	path := sqlitefs.Path(storage)
-	if _, err := os.Stat(path); err != nil {
-		return fmt.Errorf("no journal at %s: %w", path, err)
-	}
-	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
+	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
 	if err != nil {
 		return err
 	}
@@ -30,7 +27,7 @@ func runStatus(ctx context.Context, out io.Writer, storage string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", path, gen, sqlitefs.SchemaVersion())
+	fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", db.Path, gen, sqlitefs.SchemaVersion())
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tUNDELIVERED")
 	for _, s := range st {

@@ -1,0 +1,284 @@
+package sqlitefs_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// closedJournal makes a journal under a fresh directory, with one admitted
+// event, and closes it, leaving only its file.
+func closedJournal(t *testing.T) (dir string, p sqlitefs.Principal) {
+	t.Helper()
+	ctx := context.Background()
+	dir = t.TempDir()
+	db := openDB(t, dir)
+	conn, err := db.Writer.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	wtx := db.WrapTx(conn, now, nil)
+	if p, err = sqlitefs.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"hi"}}`)
+	in := []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}
+	if _, _, err := sqlitefs.AdmitBatch(wtx, p, sqlitefs.Parse(in, now), "s_1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir, p
+}
+
+// openRO opens the journal under dir read-only and closes it when the test
+// ends.
+func openRO(t *testing.T, dir string) *sqlitefs.DB {
+	t.Helper()
+	db, err := sqlitefs.OpenReadOnly(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err != nil {
+		t.Fatalf("OpenReadOnly: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Reading the journal with every reader query leaves its file byte for
+// byte as it was, generation and all.
+func TestAReadOnlyOpenLeavesTheFileAsItWas(t *testing.T) {
+	ctx := context.Background()
+	dir, p := closedJournal(t)
+	path := sqlitefs.Path(dir)
+	before := mustRead(t, path)
+
+	db := openRO(t, dir)
+	st, err := db.Status(ctx)
+	if err != nil || len(st) != 1 || st[0].Events != 1 {
+		t.Fatalf("Status = %+v, %v; want one principal with one event", st, err)
+	}
+	if _, err := db.Generation(ctx); err != nil {
+		t.Fatal(err)
+	}
+	page, err := db.Read(ctx, p, journal.ReadRequest{RoomID: "!room:example.org", Limit: 10})
+	if err != nil || len(page.Messages) != 1 {
+		t.Fatalf("Read = %+v, %v; want the one message", page, err)
+	}
+	pending, err := db.Pending(ctx, p, 10, 0)
+	if err != nil || len(pending.Events) != 1 {
+		t.Fatalf("Pending = %+v, %v; want the one event", pending, err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if after := mustRead(t, path); !bytes.Equal(before, after) {
+		t.Fatal("a read-only open changed the journal file")
+	}
+}
+
+// Every way to write through a read-only DB fails with ErrReadOnly, and
+// its reader connections refuse writes in SQLite itself.
+func TestAReadOnlyDBRefusesEveryWrite(t *testing.T) {
+	ctx := context.Background()
+	dir, _ := closedJournal(t)
+	db := openRO(t, dir)
+	if _, err := db.Writer.Conn(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
+		t.Fatalf("writer connection: %v, want ErrReadOnly", err)
+	}
+	if _, err := db.Checkpoint(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
+		t.Fatalf("Checkpoint: %v, want ErrReadOnly", err)
+	}
+	if _, err := db.TruncateWAL(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
+		t.Fatalf("TruncateWAL: %v, want ErrReadOnly", err)
+	}
+	_, err := db.Readers.ExecContext(ctx, insertMeta, "intruder")
+	var se sqlite3.Error
+	if !errors.As(err, &se) || se.Code != sqlite3.ErrReadonly {
+		t.Fatalf("reader write: %v, want SQLITE_READONLY", err)
+	}
+}
+
+// A read-only open takes no lock and waits for no writer: it reads beside
+// a writer that is in the middle of a write transaction.
+func TestAReadOnlyOpenReadsBesideAWriteInProgress(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	w := openDB(t, dir)
+	conn, err := w.Writer.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(ctx, "ROLLBACK")
+	if _, err := conn.ExecContext(ctx, insertMeta, "uncommitted"); err != nil {
+		t.Fatal(err)
+	}
+	// A writer would wait the full busy timeout for the lock; the deadline
+	// is far shorter.
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	db, err := sqlitefs.OpenReadOnly(short, sqlitefs.Options{StorageDir: dir})
+	if err != nil {
+		t.Fatalf("OpenReadOnly beside a write: %v", err)
+	}
+	defer db.Close()
+	if _, err := db.Generation(short); err != nil {
+		t.Fatalf("Generation beside a write: %v", err)
+	}
+}
+
+func TestAReadOnlyOpenRefusesANewerSchema(t *testing.T) {
+	dir, _ := closedJournal(t)
+	newer := sqlitefs.SchemaVersion() + 1
+	raw := rawDB(t, sqlitefs.Path(dir))
+	if _, err := raw.Exec("PRAGMA user_version = " + strconv.Itoa(newer)); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	db, err := sqlitefs.OpenReadOnly(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err == nil {
+		db.Close()
+		t.Fatalf("read-only open accepted schema version %d", newer)
+	}
+	var ne *sqlitefs.NewerDatabaseError
+	if !errors.As(err, &ne) || ne.Version != newer || ne.Known != sqlitefs.SchemaVersion() {
+		t.Fatalf("error = %v, want a NewerDatabaseError for %d", err, newer)
+	}
+}
+
+func TestAReadOnlyOpenRefusesAMissingJournal(t *testing.T) {
+	dir := t.TempDir()
+	db, err := sqlitefs.OpenReadOnly(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err == nil {
+		db.Close()
+		t.Fatal("read-only open of a directory without a journal succeeded")
+	}
+	if !errors.Is(err, sqlitefs.ErrNoJournal) {
+		t.Fatalf("error = %v, want ErrNoJournal", err)
+	}
+	if _, err := os.Stat(sqlitefs.Path(dir)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused open left a file behind: %v", err)
+	}
+}
+
+// SQLite cannot interrupt a wait for a lock, so a read-only open that meets
+// a file locked by another connection must give up at its deadline by
+// itself, not at the end of the 10 s busy timeout.
+func TestAReadOnlyOpenGivesUpAtItsDeadlineOnALockedFile(t *testing.T) {
+	ctx := context.Background()
+	dir, _ := closedJournal(t)
+	hold := lockExclusively(t, sqlitefs.Path(dir))
+	defer hold()
+
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	db, err := sqlitefs.OpenReadOnly(short, sqlitefs.Options{StorageDir: dir})
+	took := time.Since(start)
+	if err == nil {
+		db.Close()
+		t.Fatal("read-only open read a file another connection holds exclusively")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error = %v, want context.DeadlineExceeded", err)
+	}
+	// The driver's own wait is 5 s and the journal's 10 s; either would
+	// show here.
+	if took >= 2*time.Second {
+		t.Fatalf("gave up after %v: it waited out a busy timeout, not the 200 ms deadline", took)
+	}
+}
+
+// lockExclusively holds the file at path locked against every other
+// connection, as a writer in exclusive locking mode does, until the
+// returned function is called.
+func lockExclusively(t *testing.T, path string) func() {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sql.Open("sqlite3", "file:"+path+"?_locking_mode=EXCLUSIVE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, insertMeta, "exclusive"); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		_, _ = conn.ExecContext(ctx, "ROLLBACK")
+		conn.Close()
+		db.Close()
+	}
+}
+
+// A journal whose daemon stopped cleanly has no -shm or -wal file, and a
+// read-only connection must create them to read it. In a directory it
+// cannot write, the error says what is missing and what to do.
+func TestAReadOnlyOpenExplainsAnUnwritableDirectory(t *testing.T) {
+	dir, _ := closedJournal(t)
+	tracking := filepath.Dir(sqlitefs.Path(dir))
+	unwritable(t, tracking)
+	db, err := sqlitefs.OpenReadOnly(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err == nil {
+		db.Close()
+		t.Skip("SQLite read the WAL-mode file without its -shm file; nothing to explain")
+	}
+	if !errors.Is(err, sqlitefs.ErrSharedMemory) {
+		t.Fatalf("error = %v, want ErrSharedMemory", err)
+	}
+}
+
+// unwritable makes dir unwritable to this process until the test ends:
+// by permissions, or for root, which permissions do not stop, by the
+// immutable attribute.
+func unwritable(t *testing.T, dir string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(dir, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
+		return
+	}
+	if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot make %s unwritable to root: %v %s", dir, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", dir).Run() })
+}
