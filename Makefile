@@ -6,10 +6,20 @@ BENCHTIME ?= 3x
 # BENCH_N sizes the conversation the walk and deep-page benchmarks build.
 BENCH_N   ?= 1000000
 
-.PHONY: build test test-short bench bench-smoke lint fuzz
+# The version `mindroomd version` prints: the commit, marked when the tree
+# has changes no commit holds.
+VERSION   = $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
+# staticcheck is pinned and built into the project's cache. Its file name
+# carries the version, so raising the pin builds the new one rather than
+# keep running the old.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK         := $(CURDIR)/.cache/bin/staticcheck-$(STATICCHECK_VERSION)
+
+.PHONY: build test test-short bench bench-smoke lint tools fuzz
 
 build:
-	$(GO) build -o bin/mindroomd ./cmd/mindroomd
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/mindroomd ./cmd/mindroomd
 
 test: lint
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
@@ -28,9 +38,20 @@ bench:
 bench-smoke:
 	$(GO) test -short -run '^$$' -bench . -benchtime 1x -timeout 15m ./bench/
 
-lint:
-	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1)
+# gofmt also reads the files git does not track yet, so a new file is
+# checked before its first commit rather than after.
+lint: $(STATICCHECK)
+	@files="$$(git ls-files --cached --others --exclude-standard '*.go')"; \
+	unformatted="$$(gofmt -l $$files)"; \
+	test -z "$$unformatted" || { echo "gofmt needed:"; echo "$$unformatted"; exit 1; }
 	$(GO) vet $(PKGS)
+	$(STATICCHECK) $(PKGS)
+
+tools: $(STATICCHECK)
+
+$(STATICCHECK):
+	GOBIN=$(CURDIR)/.cache/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(CURDIR)/.cache/bin/staticcheck $@
 
 # Each fuzz target for FUZZTIME. A newly interesting input is minimised for
 # at most FUZZMINIMIZETIME runs: by time, one large input (a 70 KiB seed)

@@ -35,9 +35,13 @@ const offeredRate = 2000
 // the I/O floor's p50 and p99 in turns beside it (floor-p50-ms,
 // floor-p99-ms, p99/floor; iofloor_test.go), the WAL bytes per event at
 // that load and the pages its checkpoints copied per event
-// (ckpt-pages/ev); and "ratios", group/naive and group/one-per-tx (256
+// (ckpt-pages/ev); "ratios", group/naive and group/one-per-tx (256
 // senders), measured in rounds taken in turn on fresh copies so that the
-// VM's drift over the run moves both sides of a ratio alike (runRatios).
+// VM's drift over the run moves both sides of a ratio alike (runRatios);
+// and "vfs", group commit (256 senders) through SQLite's own VFS and
+// through the gathering one (store.Options.WALBuffer), in turns the same
+// way, with each one's events/s (stock-events/s, walbuf-events/s) and
+// walbuf/stock, the ratio the option is kept for (docs/VFS.md).
 //
 // Metrics per run: events/s, and events admitted per round (a round ends
 // after 30,000 events or 15 s, whichever comes first); walB/ev, WAL bytes
@@ -80,22 +84,50 @@ func BenchmarkAdmit(b *testing.B) {
 	b.Run("ratios", func(b *testing.B) {
 		runRatios(b, storePath, naivePath)
 	})
+	b.Run("vfs", func(b *testing.B) {
+		runVFSRatio(b, storePath)
+	})
 }
 
 // ratioRoundShare is the fraction of a full round each configuration
-// admits per turn in runRatios: a third keeps the three turns of a cycle
+// admits per turn in runTurns: a third keeps the three turns of a cycle
 // under half a minute.
 const ratioRoundShare = 3
 
 // runRatios measures group commit, the naive schema and one command per
-// transaction in turns, a round of each per cycle, and reports the ratios
-// of their rates. Measured one configuration after another, the ratios
-// moved with the VM's speed, which drifts by a third within a run: one run
-// measured group/naive at 2.58 after 3.01 to 3.62 in the runs before it,
-// its naive rounds having come in a fast spell. A turn ends once the store
-// has merged its page-index tail, so a configuration's deferred work is
-// paid in its own turn and not during the next one's.
+// transaction in turns (runTurns) and reports the ratios of their rates.
 func runRatios(b *testing.B, storePath, naivePath string) {
+	rates := runTurns(b,
+		openStoreAdmit(b, storePath, store.Options{}),
+		openNaiveAdmit(b, naivePath),
+		openStoreAdmit(b, storePath, store.Options{MaxBatch: 1}),
+	)
+	b.ReportMetric(rates[0]/rates[1], "group/naive")
+	b.ReportMetric(rates[0]/rates[2], "group/one-per-tx")
+}
+
+// runVFSRatio measures group commit through SQLite's own VFS and through
+// the gathering one in turns (runTurns), and reports both rates and their
+// ratio: the option's gain, with the VM's drift taken out.
+func runVFSRatio(b *testing.B, storePath string) {
+	rates := runTurns(b,
+		openStoreAdmit(b, storePath, store.Options{}),
+		openStoreAdmit(b, storePath, store.Options{WALBuffer: true}),
+	)
+	b.ReportMetric(rates[0], "stock-events/s")
+	b.ReportMetric(rates[1], "walbuf-events/s")
+	b.ReportMetric(rates[1]/rates[0], "walbuf/stock")
+}
+
+// runTurns measures envs in turns, a round of each per cycle with
+// ratioSenders senders, and returns each one's events/s. Measured one
+// configuration after another, ratios moved with the VM's speed, which
+// drifts by a third within a run: one run measured group/naive at 2.58
+// after 3.01 to 3.62 in the runs before it, its naive rounds having come in
+// a fast spell. A turn ends once the store has merged its page-index tail,
+// so a configuration's deferred work is paid in its own turn and not during
+// the next one's.
+func runTurns(b *testing.B, envs ...*admitEnv) []float64 {
 	ctx := context.Background()
 	sz := benchSizes()
 	type arm struct {
@@ -104,16 +136,12 @@ func runRatios(b *testing.B, storePath, naivePath string) {
 		elapsed time.Duration
 		events  int
 	}
-	arms := []*arm{
-		{env: openStoreAdmit(b, storePath, store.Options{})},
-		{env: openNaiveAdmit(b, naivePath)},
-		{env: openStoreAdmit(b, storePath, store.Options{MaxBatch: 1})},
-	}
+	arms := make([]*arm, len(envs))
 	perSender := max(1, sz.admitEvents/ratioRoundShare/ratioSenders)
 	maxTurn := sz.maxRound / ratioRoundShare
-	for _, a := range arms {
-		a.pl = newPlanner(a.env.targets)
-		warmUp(b, a.env, a.pl, ratioSenders, perSender, maxTurn)
+	for i, env := range envs {
+		arms[i] = &arm{env: env, pl: newPlanner(env.targets)}
+		warmUp(b, env, arms[i].pl, ratioSenders, perSender, maxTurn)
 	}
 	b.ResetTimer()
 	for range b.N {
@@ -134,9 +162,11 @@ func runRatios(b *testing.B, storePath, naivePath string) {
 		}
 	}
 	b.StopTimer()
-	rate := func(a *arm) float64 { return float64(a.events) / a.elapsed.Seconds() }
-	b.ReportMetric(rate(arms[0])/rate(arms[1]), "group/naive")
-	b.ReportMetric(rate(arms[0])/rate(arms[2]), "group/one-per-tx")
+	rates := make([]float64, len(arms))
+	for i, a := range arms {
+		rates[i] = float64(a.events) / a.elapsed.Seconds()
+	}
+	return rates
 }
 
 // ratioSenders is the concurrency the ratios are measured at.
@@ -213,7 +243,7 @@ func openStoreAdmit(b testing.TB, fixture string, opts store.Options) *admitEnv 
 	}
 	// The copy must read back in page order before it is worth measuring.
 	var inRoom int
-	if err := s.DB().Readers.QueryRowContext(ctx, countInRoom, ids[0], roomID(0)).Scan(&inRoom); err != nil {
+	if err := s.DB().QueryPool().QueryRowContext(ctx, countInRoom, ids[0], roomID(0)).Scan(&inRoom); err != nil {
 		b.Fatal(err)
 	}
 	if err := verifyConversation(ctx, s, views[0], ids[0], roomID(0), inRoom); err != nil {
@@ -223,13 +253,13 @@ func openStoreAdmit(b testing.TB, fixture string, opts store.Options) *admitEnv 
 	for p, id := range ids {
 		index[id] = p
 	}
-	targets, err := sampleTargets(ctx, s.DB().Readers,
+	targets, err := sampleTargets(ctx, s.DB().QueryPool(),
 		`SELECT r.principal, r.room_id, v.event_id, v.sender, v.created_ts
 			FROM visible_messages v JOIN rooms r ON r.id = v.room WHERE v.seq % ? = 0`, index)
 	if err != nil {
 		b.Fatal(err)
 	}
-	wal, err := installWALCounter(ctx, s.DB().Writer, s.DB().Path)
+	wal, err := installWALCounter(ctx, s.DB().WriterPool(), s.DB().Path)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -127,7 +127,7 @@ func TestFixtureReadsBack(t *testing.T) {
 	if total, err := readerWalk(ctx, v, roomID(0), 7); err != nil || total != spec.N {
 		t.Fatalf("walk: %d of %d, %v", total, spec.N, err)
 	}
-	f, err := newFloor(ctx, s.DB().Readers)
+	f, err := newFloor(ctx, s.DB().QueryPool())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -280,7 +280,7 @@ func principalIDs(ctx context.Context, s *store.Store, n int) ([]int64, error) {
 // with the cursor, and the next pages continue strictly older.
 func verifyConversation(ctx context.Context, s *store.Store, v journal.ConversationReader, pid int64, room string, n int) error {
 	var count int
-	if err := s.DB().Readers.QueryRowContext(ctx,
+	if err := s.DB().QueryPool().QueryRowContext(ctx,
 		countInRoom, pid, room).Scan(&count); err != nil {
 		return err
 	}

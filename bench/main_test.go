@@ -15,7 +15,7 @@ import (
 // after -args (`go test -bench . ./bench/ -args -n 100000`).
 var flagN = flag.Int("n", 1_000_000, "messages in the walked conversation")
 
-// sizes are the knobs of one run. Full sizes follow DESIGN.md §6 and §13;
+// sizes are the knobs of one run. Full sizes are those bench/README.md lists;
 // -short shrinks everything so the suite is a smoke test that cannot rot.
 type sizes struct {
 	// walkN is the conversation the walk and deep-page benchmarks read.
@@ -43,7 +43,7 @@ func benchSizes() sizes {
 	return sizes{walkN: *flagN, admitBase: 300_000, admitEvents: 30_000, maxRound: 15 * time.Second, latencyEvents: 6_000, storageMsgs: 100_000, minMeasure: 300 * time.Millisecond}
 }
 
-// The admission layout: principals × rooms as measured in DESIGN.md §13.
+// The admission layout: principals × rooms, as bench/README.md describes it.
 const (
 	admitPrincipals = 16
 	admitRooms      = 32

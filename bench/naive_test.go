@@ -18,11 +18,10 @@ import (
 	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
-	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // The naive baseline is the layout a first implementation would write
-// (DESIGN.md §13 measured it at ~4.2k ev/s, ~19 KB WAL/event): plain rowid
+// (BenchmarkAdmit/naive reports its rate and WAL bytes per event): plain rowid
 // tables, a unique index for the (principal, event_id) dedup key, the
 // visible table keyed by (principal, room_id, event_id) — a second index
 // on a hashed key — plus the page index, SQLite's default 4096-byte pages
@@ -31,7 +30,8 @@ import (
 // same writer actor and group commit, and the same per-event work (parse,
 // classify, epoch and thread lookups, tombstone and held-edit checks, the
 // projection, the sync token). It also keeps the partial pending index,
-// which any schema needs (§13), so the comparison is about layout only.
+// which any schema needs (docs/ARCHITECTURE.md), so the comparison is about
+// layout only.
 
 // naiveSchemaVersion keys the cached naive fixture; bump it with the DDL.
 const naiveSchemaVersion = 1
@@ -218,11 +218,9 @@ func init() {
 func openNaive(ctx context.Context, path string, principals int) (_ *naiveStore, err error) {
 	n := &naiveStore{path: path, stmts: map[string]*sql.Stmt{}, done: make(chan struct{})}
 	// BEGIN IMMEDIATE, like the store's writer: the write lock is taken
-	// up front, never upgraded mid-transaction.
-	if err := walbuf.Register(); err != nil {
-		return nil, err
-	}
-	u := url.URL{Scheme: "file", Path: path, RawQuery: url.Values{"_txlock": {"immediate"}, "vfs": {walbuf.Name}}.Encode()}
+	// up front, never upgraded mid-transaction. SQLite's own VFS, the
+	// store's default, so group/naive compares schemas and not VFS.
+	u := url.URL{Scheme: "file", Path: path, RawQuery: url.Values{"_txlock": {"immediate"}}.Encode()}
 	if n.db, err = sql.Open(naiveDriver, u.String()); err != nil {
 		return nil, err
 	}

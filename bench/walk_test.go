@@ -22,7 +22,7 @@ import (
 const (
 	floorPageHead  = sqlitefs.PageQueryHead
 	floorPageAfter = sqlitefs.PageQueryAfter
-	// disjunctivePageAfter is the spelling DESIGN.md §6 warns against: the
+	// disjunctivePageAfter is the spelling docs/ARCHITECTURE.md warns against: the
 	// same rows, but the planner cannot bound the index range with it. Its
 	// three comparisons take three placeholders, as positional parameters
 	// are written; given one parameter twice, SQLite would merge "a < ?5
@@ -279,7 +279,7 @@ func openWalkEnv(fixture string, n int) (_ *walkEnv, err error) {
 	if err := verifyConversation(ctx, env.s, env.v, env.pid, env.room, n); err != nil {
 		return nil, fmt.Errorf("fixture does not read back: %w", err)
 	}
-	if env.floor, err = newFloor(ctx, env.s.DB().Readers); err != nil {
+	if env.floor, err = newFloor(ctx, env.s.DB().QueryPool()); err != nil {
 		return nil, err
 	}
 	if err := checkFloorMatchesReader(ctx, env.floor, env.v, env.pid, env.room); err != nil {
@@ -412,7 +412,7 @@ func BenchmarkDeepPage(b *testing.B) {
 // page below it starts depth rows into the conversation.
 func cursorAtDepth(ctx context.Context, env *walkEnv, depth int) (journal.Cursor, error) {
 	var cur journal.Cursor
-	err := env.s.DB().Readers.QueryRowContext(ctx, `SELECT created_ts, event_id FROM visible_page
+	err := env.s.DB().QueryPool().QueryRowContext(ctx, `SELECT created_ts, event_id FROM visible_page
 		WHERE room = (SELECT id FROM rooms WHERE principal = ? AND room_id = ?) AND thread_id = ''
 		ORDER BY created_ts DESC, event_id DESC LIMIT 1 OFFSET ?`, env.pid, env.room, depth-1).Scan(&cur.CreatedTS, &cur.EventID)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -15,7 +15,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 )
 
-// WAL bytes per event is the admission ceiling (DESIGN.md §13), so it is
+// WAL bytes per event is the admission ceiling (docs/ARCHITECTURE.md), so it is
 // measured exactly rather than inferred from file sizes: the -wal file
 // never shrinks, and after a checkpoint SQLite rewrites it from the start.
 //
@@ -32,7 +32,7 @@ import (
 // generation after a restart, counts every frame appended. A frame is
 // page_size + 24 bytes. (A transaction that spills its cache into the WAL
 // before committing could hide one commit's frames behind a restart; with
-// a 64 MiB cache and small batches that does not happen here.)
+// the writer's cache and small batches that does not happen here.)
 //
 // Alongside, wchar from /proc/self/io counts every byte the process
 // passed to write(2): WAL frames plus checkpoint copies into the main

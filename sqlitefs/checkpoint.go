@@ -107,7 +107,7 @@ func CheckpointOn(ctx context.Context, conn *sql.Conn) (CheckpointResult, error)
 // TruncateWAL checkpoints everything and empties the WAL file. It waits for
 // readers, so it is for shutdown, after the writer has stopped.
 func (db *DB) TruncateWAL(ctx context.Context) (CheckpointResult, error) {
-	return checkpoint(db.Writer.QueryRowContext(ctx, checkpointTruncate))
+	return checkpoint(db.writer.QueryRowContext(ctx, checkpointTruncate))
 }
 
 func checkpoint(row *sql.Row) (CheckpointResult, error) {

@@ -103,7 +103,7 @@ func TestEventsWhoseIDsShareAHashAreTwoEvents(t *testing.T) {
 func writeTx(t *testing.T, db *DB, run func(tx *Tx) error) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := db.Writer.Conn(ctx)
+	conn, err := db.writer.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

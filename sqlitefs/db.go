@@ -8,11 +8,12 @@
 // connection as it connects, never through a pool.
 //
 // One process writes the file: Open holds an exclusive lock beside it for
-// as long as the DB is open, and a second Open fails with ErrLocked. The
-// writer caches what it committed (room keys, epochs, the unmerged tail's
-// size) and the WAL VFS skips syncs it knows are redundant, both on the
-// strength of that. Operator commands read through OpenReadOnly, which takes
-// no lock and never writes.
+// as long as the DB is open, and a second Open fails with ErrLocked,
+// whichever VFS either of them uses. The writer caches what it committed
+// (room keys, epochs, the unmerged tail's size) on the strength of that, as
+// does the gathering VFS (package walbuf) when Options.WALBuffer asks for
+// it. Operator commands read through OpenReadOnly, which takes no lock and
+// never writes.
 package sqlitefs
 
 import (
@@ -71,8 +72,8 @@ const (
 	// recently. And SQLite walks the whole page-cache hash at the end of
 	// every write transaction that split a B-tree page (balance_nonroot
 	// parks a page at the 1 GiB lock-byte page number, which COMMIT then
-	// truncates away): with 256 MiB of 1 KiB pages that walk was a fifth
-	// of the writer's time.
+	// truncates away): with a cache of hundreds of MiB that walk was a
+	// large share of the writer's time (bench/README.md, rejected designs).
 	pragmaWriterCache = `PRAGMA cache_size = -4096`
 	pragmaTempMemory  = `PRAGMA temp_store = MEMORY`
 	// Reading pages through a memory map skips a pread syscall per page,
@@ -236,6 +237,13 @@ type Options struct {
 	// it. Only a reader that keeps one snapshot open stops the WAL from
 	// starting over, and so lets it grow past the bound.
 	WALBound int64
+	// WALBuffer opens every connection through the gathering VFS (package
+	// walbuf) instead of SQLite's own: a commit reaches the WAL in one
+	// write, and a WAL sync with nothing to make durable is skipped. It
+	// pays off only at admission rates far above a chat's, and its
+	// reasoning rests on this process being the file's only writer;
+	// docs/VFS.md gives its invariants and limits. Off by default.
+	WALBuffer bool
 }
 
 // DB is an open journal file: the single writer connection (for the writer
@@ -243,10 +251,9 @@ type Options struct {
 type DB struct {
 	// Path is the database file.
 	Path string
-	// Writer is the read-write pool, capped at one connection.
-	Writer *sql.DB
-	// Readers is the query_only pool.
-	Readers *sql.DB
+	// writer is the read-write pool, capped at one connection; readers is
+	// the query_only pool.
+	writer, readers *sql.DB
 	// checkpointer copies the WAL back into the file beside the writer
 	// when the writer is too busy to do it between batches.
 	checkpointer *sql.DB
@@ -286,6 +293,15 @@ type DB struct {
 	stmts    map[string]*sql.Stmt
 }
 
+// WriterPool is the read-write pool of one connection. The writer actor
+// is its only user: every write goes through it, so that one connection,
+// and one transaction at a time, writes the journal.
+func (db *DB) WriterPool() *sql.DB { return db.writer }
+
+// QueryPool is the query_only pool, for operational tools and benchmarks
+// that read the tables directly; nothing can write through it.
+func (db *DB) QueryPool() *sql.DB { return db.readers }
+
 // Path returns the absolute journal file path under a storage directory.
 func Path(storageDir string) string {
 	if storageDir == "" {
@@ -306,13 +322,17 @@ func Path(storageDir string) string {
 // newer binary or by another application. It fails with ErrLocked while
 // another DB has the journal open for writing, in this process or another.
 func Open(ctx context.Context, opts Options) (_ *DB, err error) {
-	if err := walbuf.Register(); err != nil {
-		return nil, err
+	if opts.WALBuffer {
+		if err := walbuf.Register(); err != nil {
+			return nil, err
+		}
 	}
 	path := Path(opts.StorageDir)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create storage directory: %w", err)
 	}
+	// The lock comes before any connection, through either VFS, so a
+	// second writer is refused before it can touch the file.
 	lock, err := lockWriter(path)
 	if err != nil {
 		return nil, err
@@ -345,54 +365,61 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	if n <= 0 {
 		n = DefaultReaders
 	}
-	db.Readers = openPool(dsn(path, false), connectReader)
-	db.Readers.SetMaxOpenConns(n)
-	db.Readers.SetMaxIdleConns(n)
-	version, err := identify(ctx, db.Readers)
+	db.readers = openPool(dsn(path, false, opts.WALBuffer), connectReader)
+	db.readers.SetMaxOpenConns(n)
+	db.readers.SetMaxIdleConns(n)
+	version, err := identify(ctx, db.readers)
 	if err != nil {
 		return nil, err
 	}
-	db.Writer = openPool(dsn(path, true), writerSetup(walBound))
-	db.Writer.SetMaxOpenConns(1)
-	db.Writer.SetMaxIdleConns(1)
-	db.Writer.SetConnMaxLifetime(0)
-	db.Writer.SetConnMaxIdleTime(0)
-	if err := db.Writer.PingContext(ctx); err != nil {
+	db.writer = openPool(dsn(path, true, opts.WALBuffer), writerSetup(walBound))
+	db.writer.SetMaxOpenConns(1)
+	db.writer.SetMaxIdleConns(1)
+	db.writer.SetConnMaxLifetime(0)
+	db.writer.SetConnMaxIdleTime(0)
+	if err := db.writer.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open writer: %w", err)
 	}
-	if err := migrate(ctx, db.Writer, version); err != nil {
+	if err := migrate(ctx, db.writer, version); err != nil {
 		return nil, err
 	}
-	if err := mintGeneration(ctx, db.Writer); err != nil {
+	if err := mintGeneration(ctx, db.writer); err != nil {
 		return nil, err
 	}
 	var pageSize int
-	if err := db.Writer.QueryRowContext(ctx, queryPageSize).Scan(&pageSize); err != nil {
+	if err := db.writer.QueryRowContext(ctx, queryPageSize).Scan(&pageSize); err != nil {
 		return nil, fmt.Errorf("read page size: %w", err)
 	}
 	db.restartFrames = int(walBound / 2 / int64(pageSize+walFrameHeader))
 
-	if err := db.Readers.PingContext(ctx); err != nil {
+	if err := db.readers.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("open readers: %w", err)
 	}
-	db.checkpointer = openPool(dsn(path, false), writerSetup(walBound))
+	db.checkpointer = openPool(dsn(path, false, opts.WALBuffer), writerSetup(walBound))
 	db.checkpointer.SetMaxOpenConns(1)
 	if err := db.countTail(ctx); err != nil {
 		return nil, err
 	}
-	if db.pageHead, err = db.Readers.PrepareContext(ctx, PageQueryHead); err != nil {
+	if db.pageHead, err = db.readers.PrepareContext(ctx, PageQueryHead); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", err)
 	}
-	if db.pageAfter, err = db.Readers.PrepareContext(ctx, PageQueryAfter); err != nil {
+	if db.pageAfter, err = db.readers.PrepareContext(ctx, PageQueryAfter); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", err)
 	}
 	return db, nil
 }
 
-// dsn names the file for the driver. Every connection opens it through the
-// gathering VFS (package walbuf); only connections that write use its buffer.
-func dsn(path string, writer bool) string {
-	q := url.Values{"vfs": {walbuf.Name}}
+// dsn names the file for the driver, through SQLite's own VFS unless
+// walBuffer is set. With it, every connection of the DB opens the file
+// through the gathering VFS, readers too: its sync counts hold only if
+// every write of this process goes through it, and whichever connection
+// closes last, a reader among them, checkpoints the file and removes the
+// WAL. Only connections that append frames use its buffer.
+func dsn(path string, writer, walBuffer bool) string {
+	q := url.Values{}
+	if walBuffer {
+		q.Set("vfs", walbuf.Name)
+	}
 	if writer {
 		q.Set("_txlock", "immediate")
 	}
@@ -428,7 +455,7 @@ func (db *DB) Close() error {
 			err = e
 		}
 	}
-	for _, p := range []*sql.DB{db.Readers, db.checkpointer, db.Writer} {
+	for _, p := range []*sql.DB{db.readers, db.checkpointer, db.writer} {
 		if p == nil {
 			continue
 		}

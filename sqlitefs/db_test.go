@@ -14,6 +14,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // openDB opens the journal under dir and closes it when the test ends.
@@ -85,7 +86,7 @@ func TestTheDefaultStorageDirectoryIsUnderTheWorkingDirectory(t *testing.T) {
 func TestTheWriterConnectionIsDurable(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	var mode string
-	if err := db.Writer.QueryRowContext(context.Background(), "PRAGMA journal_mode").Scan(&mode); err != nil {
+	if err := db.WriterPool().QueryRowContext(context.Background(), "PRAGMA journal_mode").Scan(&mode); err != nil {
 		t.Fatalf("PRAGMA journal_mode: %v", err)
 	}
 	if mode != "wal" {
@@ -102,11 +103,11 @@ func TestTheWriterConnectionIsDurable(t *testing.T) {
 		"wal_autocheckpoint": sqlitefs.DefaultWALBound / (1024 + 24),
 		"journal_size_limit": sqlitefs.DefaultWALBound,
 	} {
-		if got := pragmaInt(t, db.Writer, pragma); got != want {
+		if got := pragmaInt(t, db.WriterPool(), pragma); got != want {
 			t.Fatalf("writer %s = %d, want %d", pragma, got, want)
 		}
 	}
-	if got, want := db.Writer.Stats().MaxOpenConnections, 1; got != want {
+	if got, want := db.WriterPool().Stats().MaxOpenConnections, 1; got != want {
 		t.Fatalf("writer pool allows %d connections, want %d", got, want)
 	}
 }
@@ -118,7 +119,7 @@ func TestEveryReaderConnectionIsReadOnly(t *testing.T) {
 	// just whichever the pool hands out first.
 	conns := make([]*sql.Conn, sqlitefs.DefaultReaders)
 	for i := range conns {
-		c, err := db.Readers.Conn(ctx)
+		c, err := db.QueryPool().Conn(ctx)
 		if err != nil {
 			t.Fatalf("reader connection %d: %v", i, err)
 		}
@@ -142,7 +143,7 @@ func TestEveryReaderConnectionIsReadOnly(t *testing.T) {
 		}
 	}
 	var n int
-	if err := db.Writer.QueryRowContext(ctx, `SELECT count(*) FROM store_meta WHERE key = 'intruder'`).Scan(&n); err != nil {
+	if err := db.WriterPool().QueryRowContext(ctx, `SELECT count(*) FROM store_meta WHERE key = 'intruder'`).Scan(&n); err != nil {
 		t.Fatalf("count: %v", err)
 	}
 	if n != 0 {
@@ -152,10 +153,10 @@ func TestEveryReaderConnectionIsReadOnly(t *testing.T) {
 
 func TestTheFileIsStampedAsAJournal(t *testing.T) {
 	db := openDB(t, t.TempDir())
-	if got, want := pragmaInt(t, db.Writer, "application_id"), int64(sqlitefs.ApplicationID); got != want {
+	if got, want := pragmaInt(t, db.WriterPool(), "application_id"), int64(sqlitefs.ApplicationID); got != want {
 		t.Fatalf("application_id = %#x, want %#x", got, want)
 	}
-	if got, want := pragmaInt(t, db.Writer, "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
+	if got, want := pragmaInt(t, db.WriterPool(), "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
 		t.Fatalf("user_version = %d, want %d", got, want)
 	}
 	if sqlitefs.SchemaVersion() < 1 {
@@ -261,7 +262,7 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 		t.Fatalf("Generation: %v", err)
 	}
 
-	conn, err := db.Writer.Conn(ctx)
+	conn, err := db.WriterPool().Conn(ctx)
 	if err != nil {
 		t.Fatalf("conn: %v", err)
 	}
@@ -293,7 +294,7 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 	if got, err := db.Generation(ctx); err != nil || got != gen {
 		t.Fatalf("generation after reopen = %q, %v; want %q", got, err, gen)
 	}
-	if got, want := pragmaInt(t, db.Writer, "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
+	if got, want := pragmaInt(t, db.WriterPool(), "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
 		t.Fatalf("user_version after reopen = %d, want %d", got, want)
 	}
 	found, ok, err := db.LookupPrincipal(ctx, p.Principal)
@@ -343,11 +344,11 @@ func TestTheWALShrinksBackToItsBoundOnceReadersAllow(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	for pragma, want := range map[string]int64{"journal_size_limit": bound, "wal_autocheckpoint": bound / (1024 + 24)} {
-		if got := pragmaInt(t, db.Writer, pragma); got != want {
+		if got := pragmaInt(t, db.WriterPool(), pragma); got != want {
 			t.Fatalf("writer %s = %d, want %d for a bound of %d bytes", pragma, got, want, bound)
 		}
 	}
-	w, err := db.Writer.Conn(ctx)
+	w, err := db.WriterPool().Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestTheWALShrinksBackToItsBoundOnceReadersAllow(t *testing.T) {
 		}
 	}
 
-	r, err := db.Readers.Conn(ctx)
+	r, err := db.QueryPool().Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,5 +412,64 @@ func TestTheWALShrinksBackToItsBoundOnceReadersAllow(t *testing.T) {
 	}
 	if got := pragmaInt(t, w, "busy_timeout"); got != 10000 {
 		t.Fatalf("the writer waits %d ms for locks after a restart, want its own 10000 back", got)
+	}
+}
+
+// writesThroughWALBuffer reports whether a commit on db went through the
+// gathering VFS: its counters are the process's, and no test of this
+// package runs beside another.
+func writesThroughWALBuffer(t *testing.T, db *sqlitefs.DB, key string) bool {
+	t.Helper()
+	before := walbuf.ReadStats().Received
+	if _, err := db.WriterPool().ExecContext(context.Background(), insertMeta, key); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	return walbuf.ReadStats().Received > before
+}
+
+func TestTheJournalOpensThroughSQLitesOwnVFSUnlessTheWALBufferIsAskedFor(t *testing.T) {
+	ctx := context.Background()
+	stock := openDB(t, t.TempDir())
+	if writesThroughWALBuffer(t, stock, "stock") {
+		t.Fatal("a journal opened with default options wrote its WAL through the gathering VFS")
+	}
+	buffered, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: t.TempDir(), WALBuffer: true})
+	if err != nil {
+		t.Fatalf("Open with the WAL buffer: %v", err)
+	}
+	t.Cleanup(func() { _ = buffered.Close() })
+	if !writesThroughWALBuffer(t, buffered, "buffered") {
+		t.Fatal("a journal opened with WALBuffer wrote its WAL past the gathering VFS")
+	}
+}
+
+// The writer's lock is taken before any connection, so it keeps a second
+// writer out whichever VFS each of them asks for.
+func TestASecondWriterIsRefusedWhicheverVFSEitherUses(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name          string
+		first, second bool
+	}{
+		{"StockThenBuffered", false, true},
+		{"BufferedThenStock", true, false},
+		{"BufferedThenBuffered", true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			first, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: dir, WALBuffer: c.first})
+			if err != nil {
+				t.Fatalf("first writer: %v", err)
+			}
+			defer first.Close()
+			second, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: dir, WALBuffer: c.second})
+			if err == nil {
+				second.Close()
+				t.Fatal("a second DB opened the journal for writing beside the first")
+			}
+			if !errors.Is(err, sqlitefs.ErrLocked) {
+				t.Fatalf("second writer: %v, want ErrLocked", err)
+			}
+		})
 	}
 }

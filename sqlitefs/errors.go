@@ -44,6 +44,13 @@ func IsFatal(err error) bool {
 	return false
 }
 
+// IsCorrupt reports a file SQLite finds damaged or not a database at all:
+// unlike a full disk or an I/O error, it does not pass by itself.
+func IsCorrupt(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB)
+}
+
 // IsBusy reports the error of a lock another connection or process holds
 // past the busy timeout (a sqlite3 shell, a backup tool): the writer waits
 // it out rather than stopping, and a caller may retry.

@@ -105,21 +105,9 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 			results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Duplicate}
 			continue
 		}
-		// Events synced while p is out of the room (sent before a leave,
-		// delivered after it) belong to the ended membership: journaled to
-		// deduplicate, never projected into the next one.
-		if !room.departed {
-			if err := project(tx, p, ev, seq, room); err != nil {
-				return nil, nil, fmt.Errorf("project %s: %w", ev.ID, err)
-			}
-		}
-		// An original that projects resolves the edits held for it; any
-		// other arrival of their target means they will never apply, and
-		// a held edit never outlives its target's arrival.
-		if room.departed || !ev.Kind.Original() {
-			if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
-				return nil, nil, fmt.Errorf("drop edits held for %s: %w", ev.ID, err)
-			}
+		pj := projector{tx: tx, p: p, seq: seq, room: room}
+		if err := journal.Project(&pj, ev, p.UserID, room.departed); err != nil {
+			return nil, nil, err
 		}
 		results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Admitted, Class: class}
 		newest[ev.RoomID] = seq
@@ -272,7 +260,7 @@ func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) 
 	if limit <= 0 {
 		return journal.PendingPage{}, fmt.Errorf("%w: limit must be positive", journal.ErrInvalidArgument)
 	}
-	rows, err := db.Readers.QueryContext(ctx, selectPending, p.ID, after, limit)
+	rows, err := db.readers.QueryContext(ctx, selectPending, p.ID, after, limit)
 	if err != nil {
 		return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
 	}
@@ -323,7 +311,7 @@ func checkPayload(payload, eventID string) error {
 // thread key.
 func (db *DB) AdmittedThreadID(ctx context.Context, p Principal, room, eventID string) (string, bool, error) {
 	var thread string
-	err := db.Readers.QueryRowContext(ctx, selectAdmittedThread, p.ID, IDHash(eventID), eventID, room).Scan(&thread)
+	err := db.readers.QueryRowContext(ctx, selectAdmittedThread, p.ID, IDHash(eventID), eventID, room).Scan(&thread)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}

@@ -10,11 +10,6 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 )
 
-// OwedReportWindow is how long a local leave's owed echo may absorb a
-// reported departure. A report that never arrives must not swallow a later,
-// real departure forever.
-const OwedReportWindow = 24 * time.Hour
-
 const (
 	selectMembership = `SELECT epoch, departed FROM rooms WHERE principal = ? AND room_id = ?`
 	upsertDeparture  = `INSERT INTO rooms (principal, room_id, epoch, departed) VALUES (?, ?, 1, 1)
@@ -51,111 +46,91 @@ func membershipOf(tx *Tx, p Principal, room string) (epoch int64, departed bool,
 	return epoch, departed, err
 }
 
-// FenceDeparture applies one departure observation for p. A local leave
-// fences at once and owes one echo; a reported leave consumes an owed echo
-// if there is one, fences otherwise; a removal (kick or ban) cannot be an
-// echo and fences unless p is already out. Each is applied only once.
-func FenceDeparture(tx *Tx, p Principal, room string, source journal.DepartureSource, observation string) (journal.DepartureOutcome, error) {
-	if !journal.ValidRoomID(room) {
-		return 0, fmt.Errorf("%w: %q is not a room ID", journal.ErrInvalidArgument, room)
-	}
-	if observation != "" {
-		r, err := tx.exec(insertObservation, p.ID, observation, room)
-		if err != nil {
-			return 0, fmt.Errorf("record observation: %w", err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return journal.RepeatedReport, nil
-		}
-	}
-	_, departed, err := membershipOf(tx, p, room)
-	if err != nil {
-		return 0, err
-	}
-	switch source {
-	case journal.DepartureLocal:
-		if departed {
-			return journal.AlreadyFenced, nil
-		}
-		if err := advanceEpoch(tx, p, room); err != nil {
-			return 0, err
-		}
-		if _, err := tx.exec(insertOwedReport, p.ID, room, tx.nowMS()); err != nil {
-			return 0, fmt.Errorf("owe departure report: %w", err)
-		}
-		return journal.Fenced, nil
-	case journal.DepartureReported:
-		horizon := tx.now.Add(-OwedReportWindow).UnixMilli()
-		if _, err := tx.exec(deleteExpiredOwed, p.ID, room, horizon); err != nil {
-			return 0, err
-		}
-		var owed int64
-		err := tx.queryRow(selectOldestOwed, p.ID, room, horizon).Scan(&owed)
-		switch {
-		case err == nil:
-			if _, err := tx.exec(deleteOwedReport, owed); err != nil {
-				return 0, err
-			}
-			return journal.OwedReportConsumed, nil
-		case !errors.Is(err, sql.ErrNoRows):
-			return 0, err
-		case departed:
-			return journal.AlreadyFenced, nil
-		}
-		if err := advanceEpoch(tx, p, room); err != nil {
-			return 0, err
-		}
-		return journal.Fenced, nil
-	case journal.DepartureRemoved:
-		if departed {
-			return journal.AlreadyFenced, nil
-		}
-		if err := advanceEpoch(tx, p, room); err != nil {
-			return 0, err
-		}
-		return journal.Fenced, nil
-	}
-	return 0, fmt.Errorf("%w: unknown departure source %d", journal.ErrInvalidArgument, source)
+// fence implements journal.MembershipStore for p inside tx.
+type fence struct {
+	tx *Tx
+	p  Principal
 }
 
-// advanceEpoch ends p's membership of room: a new epoch, and in the same
-// transaction everything derived from the old membership goes. Attempted
-// outbox rows stay (their outcome is unknown and their frozen payload allows
-// an exact retry); journal rows stay as proof; pending redactions stay
-// because they still owe cleanup.
-func advanceEpoch(tx *Tx, p Principal, room string) error {
-	forgetRoom(tx, p, room)
+var _ journal.MembershipStore = fence{}
+
+// RecordObservation implements journal.MembershipStore.
+func (f fence) RecordObservation(room, observation string) (bool, error) {
+	r, err := f.tx.exec(insertObservation, f.p.ID, observation, room)
+	if err != nil {
+		return false, err
+	}
+	n, err := r.RowsAffected()
+	return n > 0, err
+}
+
+// Membership implements journal.MembershipStore.
+func (f fence) Membership(room string) (int64, bool, error) { return membershipOf(f.tx, f.p, room) }
+
+// EndMembership implements journal.MembershipStore: a new epoch, and in
+// the same transaction everything derived from the old membership goes.
+// Attempted outbox rows stay (their outcome is unknown and their frozen
+// payload allows an exact retry); journal rows stay as proof; pending
+// redactions stay because they still owe cleanup.
+func (f fence) EndMembership(room string) error {
+	forgetRoom(f.tx, f.p, room)
 	for _, q := range []string{upsertDeparture, fenceVisible, fenceVisibleTail, fenceHeldEdits, fenceTombstones} {
-		if _, err := tx.exec(q, p.ID, room); err != nil {
-			return fmt.Errorf("fence: %w", err)
+		if _, err := f.tx.exec(q, f.p.ID, room); err != nil {
+			return err
 		}
 	}
-	if _, err := tx.exec(fenceUnattempted, tx.nowMS(), p.ID, room); err != nil {
-		return fmt.Errorf("fence outbox: %w", err)
+	if _, err := f.tx.exec(fenceUnattempted, f.tx.nowMS(), f.p.ID, room); err != nil {
+		return fmt.Errorf("outbox: %w", err)
 	}
-	if _, err := tx.exec(fencePendingTurnWork, p.ID, room); err != nil {
-		return fmt.Errorf("fence pending work: %w", err)
+	if _, err := f.tx.exec(fencePendingTurnWork, f.p.ID, room); err != nil {
+		return fmt.Errorf("pending work: %w", err)
 	}
 	return nil
 }
 
-// RecordJoin marks p back in room under its current (advanced) epoch.
-func RecordJoin(tx *Tx, p Principal, room, observation string) error {
-	if !journal.ValidRoomID(room) {
-		return fmt.Errorf("%w: %q is not a room ID", journal.ErrInvalidArgument, room)
-	}
-	if observation != "" {
-		r, err := tx.exec(insertObservation, p.ID, observation, room)
-		if err != nil {
-			return fmt.Errorf("record observation: %w", err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return nil // an old join replayed cannot re-arm a newer departure
-		}
-	}
-	forgetRoom(tx, p, room)
-	_, err := tx.exec(upsertJoin, p.ID, room)
+// Rejoin implements journal.MembershipStore.
+func (f fence) Rejoin(room string) error {
+	forgetRoom(f.tx, f.p, room)
+	_, err := f.tx.exec(upsertJoin, f.p.ID, room)
 	return err
+}
+
+// OweReport implements journal.MembershipStore.
+func (f fence) OweReport(room string, at time.Time) error {
+	_, err := f.tx.exec(insertOwedReport, f.p.ID, room, at.UnixMilli())
+	return err
+}
+
+// DropOwedReportsBefore implements journal.MembershipStore.
+func (f fence) DropOwedReportsBefore(room string, t time.Time) error {
+	_, err := f.tx.exec(deleteExpiredOwed, f.p.ID, room, t.UnixMilli())
+	return err
+}
+
+// TakeOwedReport implements journal.MembershipStore.
+func (f fence) TakeOwedReport(room string, since time.Time) (bool, error) {
+	var id int64
+	err := f.tx.queryRow(selectOldestOwed, f.p.ID, room, since.UnixMilli()).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, err = f.tx.exec(deleteOwedReport, id)
+	return err == nil, err
+}
+
+// FenceDeparture applies one departure observation for p
+// (journal.ApplyDeparture).
+func FenceDeparture(tx *Tx, p Principal, room string, source journal.DepartureSource, observation string) (journal.DepartureOutcome, error) {
+	return journal.ApplyDeparture(fence{tx, p}, room, source, observation, tx.now)
+}
+
+// RecordJoin marks p back in room under its current (advanced) epoch
+// (journal.ApplyJoin).
+func RecordJoin(tx *Tx, p Principal, room, observation string) error {
+	return journal.ApplyJoin(fence{tx, p}, room, observation)
 }
 
 // RetireOwedDepartureReports forgets the owed echoes of rooms.
@@ -178,7 +153,7 @@ func (db *DB) RoomEpoch(ctx context.Context, p Principal, room string) (int64, b
 		epoch    int64
 		departed bool
 	)
-	err := db.Readers.QueryRowContext(ctx, selectMembership, p.ID, room).Scan(&epoch, &departed)
+	err := db.readers.QueryRowContext(ctx, selectMembership, p.ID, room).Scan(&epoch, &departed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -190,7 +165,7 @@ func (db *DB) RoomEpoch(ctx context.Context, p Principal, room string) (int64, b
 
 // RoomsOwingDepartureReports lists p's rooms with owed echoes.
 func (db *DB) RoomsOwingDepartureReports(ctx context.Context, p Principal) ([]string, error) {
-	rows, err := db.Readers.QueryContext(ctx, selectOwedRooms, p.ID)
+	rows, err := db.readers.QueryContext(ctx, selectOwedRooms, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("read owed reports: %w", err)
 	}

@@ -25,7 +25,7 @@ func TestTheUnmergedTailStaysBoundedWhenAnInlineMergeRollsBack(t *testing.T) {
 	tail := func() int {
 		t.Helper()
 		var n int
-		if err := db.Readers.QueryRowContext(context.Background(), countTailRows).Scan(&n); err != nil {
+		if err := db.QueryPool().QueryRowContext(context.Background(), countTailRows).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

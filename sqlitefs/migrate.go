@@ -136,7 +136,7 @@ func mintGeneration(ctx context.Context, db *sql.DB) error {
 // Generation returns the database's identity.
 func (db *DB) Generation(ctx context.Context) (string, error) {
 	var g string
-	if err := db.Readers.QueryRowContext(ctx, selectGeneration).Scan(&g); err != nil {
+	if err := db.readers.QueryRowContext(ctx, selectGeneration).Scan(&g); err != nil {
 		return "", fmt.Errorf("read generation: %w", deadlineErr(ctx, err))
 	}
 	return g, nil

@@ -55,7 +55,7 @@ func migParse(t *testing.T, room, raw string, now time.Time) *journal.Event {
 func migWrite(t *testing.T, db *DB, now time.Time, write func(*Tx) error) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := db.Writer.Conn(ctx)
+	conn, err := db.writer.Conn(ctx)
 	if err != nil {
 		t.Fatalf("writer connection: %v", err)
 	}
@@ -76,7 +76,7 @@ func migWrite(t *testing.T, db *DB, now time.Time, write func(*Tx) error) {
 func migCount(t *testing.T, db *DB, query string, args ...any) int64 {
 	t.Helper()
 	var n int64
-	if err := db.Readers.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
+	if err := db.readers.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
@@ -262,7 +262,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	// read back as their own revision; the edit keeps its own ID.
 	for seq, want := range map[int64]string{1: "$b1e", 2: "", 4: ""} {
 		var got string
-		if err := db.Readers.QueryRowContext(ctx, v3SelectStoredRevision, seq).Scan(&got); err != nil || got != want {
+		if err := db.readers.QueryRowContext(ctx, v3SelectStoredRevision, seq).Scan(&got); err != nil || got != want {
 			t.Fatalf("stored revision of seq %d = %q, %v; want %q", seq, got, err, want)
 		}
 	}
@@ -319,7 +319,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 		return err
 	})
 	var payload string
-	if err := db.Readers.QueryRowContext(ctx, v3SelectPayload, 2).Scan(&payload); !errors.Is(err, sql.ErrNoRows) {
+	if err := db.readers.QueryRowContext(ctx, v3SelectPayload, 2).Scan(&payload); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("payload of settled $a1 = %q, %v; want no row", payload, err)
 	}
 	if n := migCount(t, db, v3CountPayloads); n != 2 {
@@ -383,5 +383,171 @@ func TestAReadOnlyOpenRefusesAnOlderSchemaAndLeavesItAlone(t *testing.T) {
 	}
 	if !slices.Equal(before, after) {
 		t.Fatal("a refused read-only open changed the journal file")
+	}
+}
+
+// The rows a v1 and a v2 writer left behind, in those versions' own shapes.
+// journal_events and visible_messages kept v1's shape through v2, so the v2
+// statements above write them at v1 too.
+const (
+	v1InsertMembership = `INSERT INTO room_memberships (principal, room_id, epoch) VALUES (?, ?, ?)`
+	v2InsertTurn       = `INSERT INTO turn_records (agent, turn_id, room_id, state, record_json, updated_ms)
+		VALUES (?, ?, ?, ?, ?, ?)`
+	selectSchema = `SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY type, name`
+)
+
+// schemaRow is one row of sqlite_schema, less its root page: the same
+// schema lays out its pages differently when it was built over rows.
+type schemaRow struct {
+	typ, name, table string
+	sql              sql.NullString // NULL for the indexes UNIQUE and PRIMARY KEY imply
+}
+
+// rawStep opens the journal file at path with the plain driver, as the
+// release of that version did, runs step on it and closes it, so each
+// version's rows reach the file before the next version opens it.
+func rawStep(t *testing.T, path string, step func(context.Context, *sql.DB) error) {
+	t.Helper()
+	raw, err := sql.Open("sqlite3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	// One connection, so the pragmas hold for every statement.
+	raw.SetMaxOpenConns(1)
+	if err := step(context.Background(), raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// schemaOf reads the schema of the closed journal under dir.
+func schemaOf(t *testing.T, dir string) []schemaRow {
+	t.Helper()
+	var rows []schemaRow
+	rawStep(t, Path(dir), func(ctx context.Context, raw *sql.DB) error {
+		rs, err := raw.QueryContext(ctx, selectSchema)
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		for rs.Next() {
+			var r schemaRow
+			if err := rs.Scan(&r.typ, &r.name, &r.table, &r.sql); err != nil {
+				return err
+			}
+			rows = append(rows, r)
+		}
+		return rs.Err()
+	})
+	return rows
+}
+
+// A journal that lived through every release, opened by each in turn with
+// rows written in between, must end with exactly the schema a fresh journal
+// gets: a table, index or trigger that only one of them has is a query
+// that works on one machine and fails on the other. The SQL text is
+// compared as stored, without normalising it: ALTER TABLE rewrites that
+// text (ADD COLUMN appends to it, RENAME quotes the new name), so a
+// difference in it is a difference in what the two files went through.
+func TestAJournalMigratedStepByStepHasTheSchemaOfAFreshOne(t *testing.T) {
+	ctx := context.Background()
+	old := t.TempDir()
+	path := Path(old)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ms := migrations()
+	if len(ms) < 3 {
+		t.Fatalf("%d migrations; this test writes v1 and v2 rows and needs a later version to migrate them", len(ms))
+	}
+
+	// v1: the file as the first release made it, with rows in every table
+	// a later migration rebuilds or moves.
+	rawStep(t, path, func(ctx context.Context, raw *sql.DB) error {
+		for _, p := range []string{pragmaPageSize, pragmaJournalWAL} {
+			if _, err := raw.ExecContext(ctx, p); err != nil {
+				return err
+			}
+		}
+		if err := apply(ctx, raw, ms[0]); err != nil {
+			return err
+		}
+		if err := mintGeneration(ctx, raw); err != nil {
+			return err
+		}
+		if _, err := raw.ExecContext(ctx, v2InsertPrincipal, "helper", migBot, "s_1"); err != nil {
+			return err
+		}
+		if _, err := raw.ExecContext(ctx, v1InsertMembership, 1, migRoomA, 1); err != nil {
+			return err
+		}
+		if _, err := raw.ExecContext(ctx, v2InsertEvent, 1, 1, "$v1", migRoomA, "", 0, 0, 0, statePending,
+			`{"event_id":"$v1"}`, 1, 1000); err != nil {
+			return err
+		}
+		_, err := raw.ExecContext(ctx, v2InsertVisible, 1, 1, migRoomA, "$v1", migAlice, 1000, "$v1", 1000,
+			`{"body":"v1"}`, 1)
+		return err
+	})
+	// v2: the next release migrated it and wrote its own rows.
+	rawStep(t, path, func(ctx context.Context, raw *sql.DB) error {
+		if err := apply(ctx, raw, ms[1]); err != nil {
+			return err
+		}
+		if _, err := raw.ExecContext(ctx, v2InsertMembership, 1, migRoomB, 3, 1); err != nil {
+			return err
+		}
+		if _, err := raw.ExecContext(ctx, v2InsertTurn, "helper", "t1", migRoomA, 0, `{}`, 2000); err != nil {
+			return err
+		}
+		if _, err := raw.ExecContext(ctx, v2InsertEvent, 2, 1, "$v2", migRoomB, "", 0, 0, 0, stateSettled,
+			"", 3, 2000); err != nil {
+			return err
+		}
+		_, err := raw.ExecContext(ctx, v2InsertVisible, 2, 1, migRoomB, "$v2", migAlice, 2000, "$v2", 2000,
+			`{"body":"v2"}`, 3)
+		return err
+	})
+	// Every later version: this binary's Open migrates what is left, the way
+	// the daemon does.
+	migrated, err := Open(ctx, Options{StorageDir: old})
+	if err != nil {
+		t.Fatalf("Open the v2 journal: %v", err)
+	}
+	if got := migCount(t, migrated, queryUserVersion); got != int64(len(ms)) {
+		t.Fatalf("migrated journal at user_version %d, want %d", got, len(ms))
+	}
+	if err := migrated.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := t.TempDir()
+	db, err := Open(ctx, Options{StorageDir: fresh})
+	if err != nil {
+		t.Fatalf("Open a fresh journal: %v", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	got, want := schemaOf(t, old), schemaOf(t, fresh)
+	if len(want) == 0 {
+		t.Fatal("a fresh journal has no schema")
+	}
+	if !slices.Equal(got, want) {
+		for _, r := range got {
+			if !slices.Contains(want, r) {
+				t.Errorf("only the migrated journal has %s %s: %s", r.typ, r.name, r.sql.String)
+			}
+		}
+		for _, r := range want {
+			if !slices.Contains(got, r) {
+				t.Errorf("only the fresh journal has %s %s: %s", r.typ, r.name, r.sql.String)
+			}
+		}
+		t.Fatal("the migrated journal's schema differs from a fresh one's")
 	}
 }

@@ -59,291 +59,202 @@ func scanDelivery(row interface{ Scan(...any) error }) (journal.Delivery, error)
 	return d, err
 }
 
-func loadDelivery(tx *Tx, p Principal, deliveryID string, stage journal.Stage) (journal.Delivery, error) {
-	d, err := scanDelivery(tx.queryRow(selectDelivery, p.ID, deliveryID, int(stage)))
+// outbox implements journal.OutboxStore for p inside tx.
+type outbox struct {
+	tx *Tx
+	p  Principal
+}
+
+var _ journal.OutboxStore = outbox{}
+
+// Delivery implements journal.OutboxStore.
+func (o outbox) Delivery(deliveryID string, stage journal.Stage) (journal.Delivery, bool, error) {
+	d, err := scanDelivery(o.tx.queryRow(selectDelivery, o.p.ID, deliveryID, int(stage)))
 	if errors.Is(err, sql.ErrNoRows) {
-		return d, fmt.Errorf("%w: %s/%s", journal.ErrNoDelivery, deliveryID, stage)
+		return d, false, nil
 	}
-	return d, err
+	return d, err == nil, err
 }
 
-func validStage(s journal.Stage) error {
-	if s != journal.StageInitial && s != journal.StageFinal {
-		return fmt.Errorf("%w: unknown stage %d", journal.ErrInvalidArgument, s)
+// HasRetiredStage implements journal.OutboxStore.
+func (o outbox) HasRetiredStage(deliveryID string) (bool, error) {
+	var one int
+	err := o.tx.queryRow(selectRetiredStage, o.p.ID, deliveryID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
 	}
-	return nil
+	return err == nil, err
 }
 
-// EnqueueAndSettle writes (or updates, while unattempted) one delivery
-// stage and settles its sources, in tx. It refuses when the membership that
-// admitted a source has ended, when a source was admitted in another room,
-// and when any stage of the delivery is retired.
-func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.EnqueueResult, []hint.Hint, error) {
-	var res journal.EnqueueResult
-	if err := req.Validate(); err != nil {
-		return res, nil, err
+// Membership implements journal.OutboxStore.
+func (o outbox) Membership(room string) (int64, bool, error) { return membershipOf(o.tx, o.p, room) }
+
+// Source implements journal.OutboxStore.
+func (o outbox) Source(eventID string) (string, int64, bool, error) {
+	var (
+		room  string
+		epoch int64
+	)
+	err := o.tx.queryRow(selectSource, o.p.ID, IDHash(eventID), eventID).Scan(&room, &epoch)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", 0, false, nil
 	}
-	thread, err := journal.EncodeThread(req.Thread)
-	if err != nil {
-		return res, nil, err
+	return room, epoch, err == nil, err
+}
+
+// stageColumns are the stored forms of a request's thread and event type.
+func stageColumns(req journal.EnqueueRequest) (thread, eventType string, err error) {
+	if thread, err = journal.EncodeThread(req.Thread); err != nil {
+		return "", "", err
 	}
-	eventType := req.EventType
+	eventType = req.EventType
 	if eventType == "" {
 		eventType = defaultEventType
 	}
-	existing, err := loadDelivery(tx, p, req.DeliveryID, req.Stage)
-	if err != nil && !errors.Is(err, journal.ErrNoDelivery) {
-		return res, nil, err
-	}
-	exists := err == nil
-	// Replaying a stage already attempted is a no-op whatever happened to
-	// its sibling (a final's claim retires its unsent placeholder); only a
-	// stage not yet sent must not adopt a delivery with a retired stage.
-	if !exists || existing.State == journal.DeliveryQueued || existing.State == journal.DeliveryRetired {
-		var one int
-		switch err := tx.queryRow(selectRetiredStage, p.ID, req.DeliveryID).Scan(&one); {
-		case err == nil:
-			return res, nil, fmt.Errorf("%w: %s", journal.ErrDeliveryRetired, req.DeliveryID)
-		case !errors.Is(err, sql.ErrNoRows):
-			return res, nil, err
-		}
-	}
-	epoch, departed, err := membershipOf(tx, p, req.RoomID)
-	if err != nil {
-		return res, nil, err
-	}
-	if departed {
-		return res, nil, fmt.Errorf("%w: not in %s", journal.ErrMembershipEnded, req.RoomID)
-	}
-	for _, src := range req.Sources {
-		var (
-			room     string
-			srcEpoch int64
-		)
-		err := tx.queryRow(selectSource, p.ID, IDHash(src), src).Scan(&room, &srcEpoch)
-		if errors.Is(err, sql.ErrNoRows) || (err == nil && room != req.RoomID) {
-			return res, nil, fmt.Errorf("%w: %s in %s", journal.ErrUnknownSource, src, req.RoomID)
-		}
-		if err != nil {
-			return res, nil, err
-		}
-		if srcEpoch != epoch {
-			return res, nil, fmt.Errorf("%w: %s was admitted under epoch %d, the room is at %d", journal.ErrMembershipEnded, src, srcEpoch, epoch)
-		}
-	}
-	// Both stages of one delivery answer under one membership.
-	for _, other := range []journal.Stage{journal.StageInitial, journal.StageFinal} {
-		if other == req.Stage {
-			continue
-		}
-		d, err := loadDelivery(tx, p, req.DeliveryID, other)
-		if err == nil && d.Epoch != epoch {
-			return res, nil, fmt.Errorf("%w: stage %s was enqueued under epoch %d", journal.ErrMembershipEnded, other, d.Epoch)
-		}
-		if err != nil && !errors.Is(err, journal.ErrNoDelivery) {
-			return res, nil, err
-		}
-	}
-
-	res.TxnID, res.Epoch = journal.TxnID(p.Principal, req.DeliveryID, req.Stage), epoch
-	switch {
-	case !exists:
-		now := tx.nowMS()
-		if _, err := tx.exec(insertDelivery, p.ID, req.DeliveryID, int(req.Stage), req.RoomID, thread, res.TxnID,
-			req.TurnID, eventType, string(req.Content), epoch, now, now); err != nil {
-			return res, nil, fmt.Errorf("insert delivery: %w", err)
-		}
-		res.Outcome = journal.EnqueueCreated
-	case existing.State == journal.DeliveryQueued:
-		if _, err := tx.exec(updateQueuedDelivery, req.RoomID, thread, req.TurnID, eventType, string(req.Content),
-			epoch, tx.nowMS(), existing.Position); err != nil {
-			return res, nil, fmt.Errorf("update delivery: %w", err)
-		}
-		res.Outcome = journal.EnqueueUpdated
-	default:
-		// Attempted (or done): what may already be visible never changes.
-		res.Outcome, res.Epoch = journal.EnqueueFrozen, existing.Epoch
-	}
-	if _, err := Settle(tx, p, req.Sources); err != nil {
-		return res, nil, err
-	}
-	return res, []hint.Hint{{Principal: p.String(), Room: req.RoomID}}, nil
+	return thread, eventType, nil
 }
 
-// ErrPlaceholderSuperseded refuses to claim an initial whose final already
-// owns the delivery. Claim retires the placeholder as it refuses, and unlike
-// other refusals that write must commit, or the scan offers it forever.
-var ErrPlaceholderSuperseded = fmt.Errorf("%w: the final already owns the delivery", journal.ErrNotClaimable)
-
-// Claim freezes one delivery stage for sending: attempted=1 and the sending
-// device are committed before any network I/O. A final learns here whether
-// it edits its acknowledged initial; an initial that was never attempted is
-// dropped in favour of the final, and an initial can never become visible
-// once its final owns the delivery.
-func Claim(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID string) (journal.Delivery, error) {
-	if err := validStage(stage); err != nil {
-		return journal.Delivery{}, err
-	}
-	d, err := loadDelivery(tx, p, deliveryID, stage)
-	if err != nil {
-		return d, err
-	}
-	switch d.State {
-	case journal.DeliveryAttempted:
-		if d.DeviceID != "" && d.DeviceID != deviceID {
-			return d, fmt.Errorf("%w: %s/%s was sent from %s", journal.ErrDeviceChanged, deliveryID, stage, d.DeviceID)
-		}
-		// A retry: the identical delivery, same payload and transaction ID.
-		if _, err := tx.exec(claimDelivery, deviceID, d.ReplacesEventID, tx.nowMS(), d.Position); err != nil {
-			return d, err
-		}
-		return loadDelivery(tx, p, deliveryID, stage)
-	case journal.DeliveryQueued:
-	default:
-		return d, fmt.Errorf("%w: %s/%s is %s", journal.ErrNotClaimable, deliveryID, stage, d.State)
-	}
-	replaces := ""
-	other := journal.StageFinal
-	if stage == journal.StageFinal {
-		other = journal.StageInitial
-	}
-	o, err := loadDelivery(tx, p, deliveryID, other)
-	switch {
-	case errors.Is(err, journal.ErrNoDelivery):
-	case err != nil:
-		return d, err
-	case stage == journal.StageInitial && o.State != journal.DeliveryQueued:
-		// The final already owns the delivery: the placeholder never shows.
-		if _, err := tx.exec(retireDelivery, tx.nowMS(), d.Position); err != nil {
-			return d, err
-		}
-		return d, fmt.Errorf("%w: %s", ErrPlaceholderSuperseded, deliveryID)
-	case stage == journal.StageFinal && o.State == journal.DeliveryAttempted:
-		return d, fmt.Errorf("%w: %s", journal.ErrStageBlocked, deliveryID)
-	case stage == journal.StageFinal && o.State == journal.DeliveryAcknowledged:
-		replaces = o.EventID
-	case stage == journal.StageFinal && o.State == journal.DeliveryQueued:
-		// Never attempted, so never visible: drop the placeholder.
-		if _, err := tx.exec(retireDelivery, tx.nowMS(), o.Position); err != nil {
-			return d, err
-		}
-	}
-	if _, err := tx.exec(claimDelivery, deviceID, replaces, tx.nowMS(), d.Position); err != nil {
-		return d, fmt.Errorf("claim: %w", err)
-	}
-	return loadDelivery(tx, p, deliveryID, stage)
-}
-
-// AdoptDevice moves an attempted row to deviceID after reconciliation
-// found no copy of it in the room: from then on its retries are
-// deduplicated per the new device.
-func AdoptDevice(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID string) error {
-	if deviceID == "" {
-		return fmt.Errorf("%w: device ID is required", journal.ErrInvalidArgument)
-	}
-	d, err := loadDelivery(tx, p, deliveryID, stage)
+// InsertStage implements journal.OutboxStore.
+func (o outbox) InsertStage(req journal.EnqueueRequest, txnID string, epoch int64) error {
+	thread, eventType, err := stageColumns(req)
 	if err != nil {
 		return err
 	}
-	if d.State != journal.DeliveryAttempted {
-		return fmt.Errorf("%w: %s/%s is %s", journal.ErrNotClaimable, deliveryID, stage, d.State)
-	}
-	_, err = tx.exec(adoptDevice, deviceID, tx.nowMS(), d.Position)
+	now := o.tx.nowMS()
+	_, err = o.tx.exec(insertDelivery, o.p.ID, req.DeliveryID, int(req.Stage), req.RoomID, thread, txnID,
+		req.TurnID, eventType, string(req.Content), epoch, now, now)
 	return err
 }
 
-// Acknowledge records the event ID the homeserver returned. The first
-// acknowledger also completes the turn record and, while the epoch that
-// authorized the row is still current and the server's timestamp of the
-// event is known, projects the delivered event; a later acknowledger writes
-// nothing and learns the first's event ID.
-func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, sent journal.Sent) (journal.AckResult, []hint.Hint, error) {
-	if !journal.ValidEventID(sent.EventID) {
-		return journal.AckResult{}, nil, fmt.Errorf("%w: %q is not an event ID", journal.ErrInvalidArgument, sent.EventID)
-	}
-	if sent.ServerTS < 0 {
-		return journal.AckResult{}, nil, fmt.Errorf("%w: negative server timestamp %d", journal.ErrInvalidArgument, sent.ServerTS)
-	}
-	d, err := loadDelivery(tx, p, deliveryID, stage)
+// UpdateStage implements journal.OutboxStore.
+func (o outbox) UpdateStage(d journal.Delivery, req journal.EnqueueRequest, epoch int64) error {
+	thread, eventType, err := stageColumns(req)
 	if err != nil {
-		return journal.AckResult{}, nil, err
+		return err
 	}
-	if d.State == journal.DeliveryAcknowledged {
-		return journal.AckResult{EventID: d.EventID}, nil, nil
-	}
-	if _, err := tx.exec(ackDelivery, sent.EventID, tx.nowMS(), d.Position); err != nil {
-		return journal.AckResult{}, nil, fmt.Errorf("acknowledge: %w", err)
-	}
-	res := journal.AckResult{EventID: sent.EventID, First: true}
-	if d.TurnID != "" && stage == journal.StageFinal {
-		if err := completeTurn(tx, p.Agent, d.TurnID, sent.EventID); err != nil {
-			return journal.AckResult{}, nil, err
-		}
-	}
-	epoch, departed, err := membershipOf(tx, p, d.RoomID)
-	if err != nil {
-		return journal.AckResult{}, nil, err
-	}
-	if epoch == d.Epoch && !departed && sent.ServerTS > 0 {
-		if res.Projected, err = projectDelivered(tx, p, d, sent); err != nil {
-			return journal.AckResult{}, nil, err
-		}
-	}
-	return res, []hint.Hint{{Principal: p.String(), Room: d.RoomID}}, nil
+	_, err = o.tx.exec(updateQueuedDelivery, req.RoomID, thread, req.TurnID, eventType, string(req.Content),
+		epoch, o.tx.nowMS(), d.Position)
+	return err
 }
 
-// projectDelivered admits the delivered event exactly as its sync echo
-// reads, server timestamp included, so whichever of the two comes first
-// projects it and the other deduplicates against it, and the projection
-// rules stay one. An event the rules refuse (a timestamp the parser finds
-// absurd) is recorded as rejected and left to its echo.
-func projectDelivered(tx *Tx, p Principal, d journal.Delivery, sent journal.Sent) (bool, error) {
+// Settle implements journal.OutboxStore.
+func (o outbox) Settle(eventIDs []string) error {
+	_, err := Settle(o.tx, o.p, eventIDs)
+	return err
+}
+
+// MarkAttempted implements journal.OutboxStore.
+func (o outbox) MarkAttempted(d journal.Delivery, deviceID, replaces string) error {
+	_, err := o.tx.exec(claimDelivery, deviceID, replaces, o.tx.nowMS(), d.Position)
+	return err
+}
+
+// MarkRetired implements journal.OutboxStore.
+func (o outbox) MarkRetired(d journal.Delivery) error {
+	_, err := o.tx.exec(retireDelivery, o.tx.nowMS(), d.Position)
+	return err
+}
+
+// MarkAcknowledged implements journal.OutboxStore.
+func (o outbox) MarkAcknowledged(d journal.Delivery, eventID string) error {
+	_, err := o.tx.exec(ackDelivery, eventID, o.tx.nowMS(), d.Position)
+	return err
+}
+
+// AssignDevice implements journal.OutboxStore.
+func (o outbox) AssignDevice(d journal.Delivery, deviceID string) error {
+	_, err := o.tx.exec(adoptDevice, deviceID, o.tx.nowMS(), d.Position)
+	return err
+}
+
+// CompleteTurn implements journal.OutboxStore.
+func (o outbox) CompleteTurn(turnID, eventID string) error {
+	return completeTurn(o.tx, o.p.Agent, turnID, eventID)
+}
+
+// ProjectDelivered implements journal.OutboxStore: it admits the delivered
+// event exactly as its sync echo reads, server timestamp included, so
+// whichever of the two comes first projects it, the other deduplicates
+// against it, and the projection rules stay one. An event the rules refuse
+// (a timestamp the parser finds absurd) is recorded as rejected and left to
+// its echo.
+func (o outbox) ProjectDelivered(d journal.Delivery, sent journal.Sent) (bool, error) {
 	content, err := journal.WireContent(d)
 	if err != nil {
-		return false, fmt.Errorf("project delivered: %w", err)
+		return false, err
 	}
 	raw, err := json.Marshal(map[string]any{
-		"event_id": sent.EventID, "type": d.EventType, "sender": p.UserID,
+		"event_id": sent.EventID, "type": d.EventType, "sender": o.p.UserID,
 		"origin_server_ts": sent.ServerTS, "content": content,
 	})
 	if err != nil {
-		return false, fmt.Errorf("project delivered: %w", err)
+		return false, err
 	}
-	res, _, err := AdmitBatch(tx, p, Parse([]journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, tx.now), "")
+	res, _, err := AdmitBatch(o.tx, o.p, Parse([]journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, o.tx.now), "")
 	if err != nil {
 		return false, err
 	}
 	return res[0].Outcome != journal.Rejected, nil
 }
 
+// EnqueueAndSettle writes (or updates, while unattempted) one delivery
+// stage and settles its sources, in tx (journal.EnqueueStage).
+func EnqueueAndSettle(tx *Tx, p Principal, req journal.EnqueueRequest) (journal.EnqueueResult, []hint.Hint, error) {
+	res, err := journal.EnqueueStage(outbox{tx, p}, p.Principal, req)
+	if err != nil {
+		return res, nil, err
+	}
+	return res, []hint.Hint{{Principal: p.String(), Room: req.RoomID}}, nil
+}
+
+// Claim freezes one delivery stage for sending (journal.ClaimStage).
+func Claim(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID string) (journal.Delivery, error) {
+	return journal.ClaimStage(outbox{tx, p}, deliveryID, stage, deviceID)
+}
+
+// AdoptDevice moves an attempted row to deviceID after reconciliation
+// found no copy of it in the room (journal.AdoptStageDevice).
+func AdoptDevice(tx *Tx, p Principal, deliveryID string, stage journal.Stage, deviceID string) error {
+	return journal.AdoptStageDevice(outbox{tx, p}, deliveryID, stage, deviceID)
+}
+
+// Acknowledge records the server's record of a sent stage
+// (journal.AcknowledgeStage).
+func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, sent journal.Sent) (journal.AckResult, []hint.Hint, error) {
+	o := outbox{tx, p}
+	res, err := journal.AcknowledgeStage(o, deliveryID, stage, sent)
+	if err != nil || !res.First {
+		return res, nil, err
+	}
+	d, _, err := o.Delivery(deliveryID, stage)
+	if err != nil {
+		return res, nil, err
+	}
+	return res, []hint.Hint{{Principal: p.String(), Room: d.RoomID}}, nil
+}
+
 // Fail records a failed send. A permanent failure takes the row out of
 // recovery; an acknowledged row is never failed afterwards.
 func Fail(tx *Tx, p Principal, deliveryID string, stage journal.Stage, reason string, permanent bool) error {
-	d, err := loadDelivery(tx, p, deliveryID, stage)
+	d, ok, err := outbox{tx, p}.Delivery(deliveryID, stage)
 	if err != nil {
 		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s/%s", journal.ErrNoDelivery, deliveryID, stage)
 	}
 	_, err = tx.exec(failDelivery, permanent, reason, tx.nowMS(), d.Position)
 	return err
 }
 
-// Retire withdraws a stage that was never attempted. An attempted stage's
-// outcome is unknown, so it is kept for an exact retry instead.
+// Retire withdraws a stage that was never attempted (journal.RetireStage).
 func Retire(tx *Tx, p Principal, deliveryID string, stage journal.Stage) error {
-	d, err := loadDelivery(tx, p, deliveryID, stage)
-	if err != nil {
-		return err
-	}
-	if d.State != journal.DeliveryQueued && d.State != journal.DeliveryRetired {
-		return fmt.Errorf("%w: %s/%s is %s", journal.ErrNotClaimable, deliveryID, stage, d.State)
-	}
-	_, err = tx.exec(retireDelivery, tx.nowMS(), d.Position)
-	return err
+	return journal.RetireStage(outbox{tx, p}, deliveryID, stage)
 }
 
 // Delivery loads one stage through a reader.
 func (db *DB) Delivery(ctx context.Context, p Principal, deliveryID string, stage journal.Stage) (journal.Delivery, error) {
-	d, err := scanDelivery(db.Readers.QueryRowContext(ctx, selectDelivery, p.ID, deliveryID, int(stage)))
+	d, err := scanDelivery(db.readers.QueryRowContext(ctx, selectDelivery, p.ID, deliveryID, int(stage)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return d, fmt.Errorf("%w: %s/%s", journal.ErrNoDelivery, deliveryID, stage)
 	}
@@ -361,9 +272,9 @@ func (db *DB) Unacknowledged(ctx context.Context, p Principal, limit int, after 
 		err  error
 	)
 	if after == nil {
-		rows, err = db.Readers.QueryContext(ctx, selectUnackedHead, p.ID, limit)
+		rows, err = db.readers.QueryContext(ctx, selectUnackedHead, p.ID, limit)
 	} else {
-		rows, err = db.Readers.QueryContext(ctx, selectUnackedAfter, p.ID, after.CreatedMS, after.Position, limit)
+		rows, err = db.readers.QueryContext(ctx, selectUnackedAfter, p.ID, after.CreatedMS, after.Position, limit)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("scan outbox: %w", err)

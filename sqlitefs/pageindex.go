@@ -204,7 +204,7 @@ func noteVisibleRow(tx *Tx) error {
 // countTail starts the estimate from the tail a previous process left.
 func (db *DB) countTail(ctx context.Context) error {
 	var n int64
-	if err := db.Readers.QueryRowContext(ctx, countUnmerged).Scan(&n); err != nil {
+	if err := db.readers.QueryRowContext(ctx, countUnmerged).Scan(&n); err != nil {
 		return fmt.Errorf("count unmerged page tail: %w", err)
 	}
 	db.unmerged.Store(n)

@@ -157,7 +157,7 @@ func requireNoFullScan(t *testing.T, plan []string) {
 // explainPlan returns the detail column of EXPLAIN QUERY PLAN for query.
 func explainPlan(t *testing.T, db *DB, query string, args ...any) []string {
 	t.Helper()
-	rows, err := db.Writer.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
+	rows, err := db.writer.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
 	if err != nil {
 		t.Fatalf("explain: %v", err)
 	}

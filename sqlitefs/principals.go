@@ -28,7 +28,7 @@ type Principal struct {
 // LookupPrincipal finds an already registered principal through a reader.
 func (db *DB) LookupPrincipal(ctx context.Context, p journal.Principal) (Principal, bool, error) {
 	var id int64
-	err := db.Readers.QueryRowContext(ctx, selectPrincipalID, p.Agent, p.UserID).Scan(&id)
+	err := db.readers.QueryRowContext(ctx, selectPrincipalID, p.Agent, p.UserID).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Principal{}, false, nil
 	}
@@ -50,7 +50,7 @@ func RegisterPrincipal(tx *Tx, p journal.Principal) (Principal, error) {
 // SyncToken returns the principal's stored sync token.
 func (db *DB) SyncToken(ctx context.Context, p Principal) (string, error) {
 	var tok string
-	if err := db.Readers.QueryRowContext(ctx, selectSyncToken, p.ID).Scan(&tok); err != nil {
+	if err := db.readers.QueryRowContext(ctx, selectSyncToken, p.ID).Scan(&tok); err != nil {
 		return "", fmt.Errorf("read sync token: %w", err)
 	}
 	return tok, nil

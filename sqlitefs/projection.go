@@ -3,7 +3,6 @@ package sqlitefs
 import (
 	"database/sql"
 	"errors"
-	"fmt"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -59,246 +58,177 @@ func storedRevisionID(rev journal.Revision, eventID string) string {
 	return rev.EventID
 }
 
-// project applies one newly admitted event to the visible projection.
-func project(tx *Tx, p Principal, ev *journal.Event, seq int64, room roomRef) error {
-	switch ev.Kind {
-	case journal.KindMessage, journal.KindMedia:
-		return projectOriginal(tx, p, ev, seq, room)
-	case journal.KindEdit:
-		return projectEdit(tx, p, ev, seq, room.epoch)
-	case journal.KindRedaction:
-		if err := projectRedaction(tx, p, ev, seq); err != nil {
-			return err
-		}
-		// A redaction can be redacted too, before it arrives.
-		return settleIfRedacted(tx, p, ev)
-	case journal.KindReaction:
-		return settleIfRedacted(tx, p, ev)
+// projector implements journal.ProjectionStore for p inside tx, while the
+// event at journal seq is projected into room. That seq keys the row an
+// original adds, the tombstone a redaction writes and any refresh debt.
+type projector struct {
+	tx   *Tx
+	p    Principal
+	seq  int64
+	room roomRef
+}
+
+var _ journal.ProjectionStore = (*projector)(nil)
+
+// refreshToken is the debt a write records: the projecting event's seq, or
+// none.
+func (j *projector) refreshToken(owesRefetch bool) any {
+	if owesRefetch {
+		return j.seq
 	}
 	return nil
 }
 
-// settleIfRedacted settles an event whose redaction arrived before it: it
-// was admitted pending, but there is nothing left to answer.
-func settleIfRedacted(tx *Tx, p Principal, ev *journal.Event) error {
-	dead, err := tombstoned(tx, p, ev.RoomID, ev.ID)
-	if err != nil || !dead {
-		return err
+// nullableBody stores a missing body as NULL.
+func nullableBody(body []byte) any {
+	if body == nil {
+		return nil
 	}
-	_, err = tx.exec(settleEventInRoom, p.ID, IDHash(ev.ID), ev.ID, ev.RoomID)
-	return err
+	return string(body)
 }
 
-func tombstoned(tx *Tx, p Principal, room, eventID string) (bool, error) {
+// ProbeOriginal implements journal.ProjectionStore.
+func (j *projector) ProbeOriginal(room, eventID string) (tombstoned, held bool, err error) {
+	err = j.tx.queryRow(probeOriginal, j.p.ID, room, eventID).Scan(&tombstoned, &held)
+	return tombstoned, held, err
+}
+
+// Tombstoned implements journal.ProjectionStore.
+func (j *projector) Tombstoned(room, eventID string) (bool, error) {
 	var one int
-	err := tx.queryRow(selectTombstone, p.ID, room, eventID).Scan(&one)
+	err := j.tx.queryRow(selectTombstone, j.p.ID, room, eventID).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
-type visibleRow struct {
-	seq      int64
-	sender   string
-	revision journal.Revision
+// Tombstone implements journal.ProjectionStore.
+func (j *projector) Tombstone(room, eventID string) error {
+	_, err := j.tx.exec(insertTombstone, j.p.ID, room, eventID, j.seq)
+	return err
 }
 
-func visibleByEvent(tx *Tx, p Principal, room, eventID string) (visibleRow, bool, error) {
-	var v visibleRow
-	err := tx.queryRow(selectVisibleByEvent, p.ID, IDHash(eventID), eventID, room).Scan(&v.seq, &v.sender, &v.revision.EventID, &v.revision.TS)
+// Journaled implements journal.ProjectionStore.
+func (j *projector) Journaled(room, eventID string) (bool, error) {
+	var thread string
+	err := j.tx.queryRow(selectThreadOf, j.p.ID, IDHash(eventID), eventID, room).Scan(&thread)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// EditTarget implements journal.ProjectionStore.
+func (j *projector) EditTarget(room, eventID string) (string, bool, error) {
+	var target string
+	err := j.tx.queryRow(selectJournalEdit, j.p.ID, IDHash(eventID), eventID, room).Scan(&target)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return target, err == nil, err
+}
+
+// Visible implements journal.ProjectionStore.
+func (j *projector) Visible(room, eventID string) (journal.VisibleRow, bool, error) {
+	var v journal.VisibleRow
+	err := j.tx.queryRow(selectVisibleByEvent, j.p.ID, IDHash(eventID), eventID, room).
+		Scan(&v.Key, &v.Sender, &v.Revision.EventID, &v.Revision.TS)
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, false, nil
 	}
 	return v, err == nil, err
 }
 
-// visibleBody decides what a revision puts on screen: its content, or no
-// body and a refresh debt when there is none or it is only a sidecar
-// preview.
-func visibleBody(content []byte, preview bool, seq int64) (body any, refresh any) {
-	if content == nil || preview {
-		return nil, seq
+// AddVisible implements journal.ProjectionStore. The row joins the page
+// index's unmerged tail.
+func (j *projector) AddVisible(ev *journal.Event, rev journal.Revision, body []byte, owesRefetch bool) error {
+	if _, err := j.tx.exec(insertVisible, j.seq, j.room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
+		storedRevisionID(rev, ev.ID), rev.TS, nullableBody(body), j.refreshToken(owesRefetch), j.room.epoch); err != nil {
+		return err
 	}
-	return string(content), nil
+	return noteVisibleRow(j.tx)
 }
 
-type heldEdit struct {
-	revision journal.Revision
-	body     []byte
+// ReviseVisible implements journal.ProjectionStore.
+func (j *projector) ReviseVisible(row journal.VisibleRow, rev journal.Revision, body []byte, owesRefetch bool) error {
+	_, err := j.tx.exec(updateVisibleRevision, rev.EventID, rev.TS, nullableBody(body), j.refreshToken(owesRefetch), row.Key)
+	return err
 }
 
-// takeHeldEdits deletes every edit held for target and returns them by
-// sender, in one statement.
-func takeHeldEdits(tx *Tx, p Principal, room, target string) (map[string]heldEdit, error) {
-	rows, err := tx.query(takeHeldEditsFor, p.ID, room, target)
+// DropVisible implements journal.ProjectionStore.
+func (j *projector) DropVisible(row journal.VisibleRow) error {
+	_, err := j.tx.exec(deleteVisible, row.Key)
+	return err
+}
+
+// ClearVisible implements journal.ProjectionStore.
+func (j *projector) ClearVisible(row journal.VisibleRow, revisionID string) error {
+	_, err := j.tx.exec(clearVisibleOnEdit, j.seq, row.Key, revisionID)
+	return err
+}
+
+// HeldEdit implements journal.ProjectionStore.
+func (j *projector) HeldEdit(room, target, sender string) (journal.HeldEdit, bool, error) {
+	var (
+		h    journal.HeldEdit
+		body sql.NullString
+	)
+	err := j.tx.queryRow(selectHeldEdit, j.p.ID, room, target, sender).Scan(&h.Revision.EventID, &h.Revision.TS, &body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return h, false, nil
+	}
+	if body.Valid {
+		h.Body = []byte(body.String)
+	}
+	return h, err == nil, err
+}
+
+// HoldEdit implements journal.ProjectionStore.
+func (j *projector) HoldEdit(room, target, sender string, h journal.HeldEdit) error {
+	_, err := j.tx.exec(upsertHeldEdit, j.p.ID, room, target, sender, h.Revision.EventID, h.Revision.TS,
+		nullableBody(h.Body), j.room.epoch)
+	return err
+}
+
+// TakeHeldEdits implements journal.ProjectionStore, in one statement.
+func (j *projector) TakeHeldEdits(room, target string) (map[string]journal.HeldEdit, error) {
+	rows, err := j.tx.query(takeHeldEditsFor, j.p.ID, room, target)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var held map[string]heldEdit
+	var held map[string]journal.HeldEdit
 	for rows.Next() {
 		var (
 			sender string
-			h      heldEdit
+			h      journal.HeldEdit
 		)
-		if err := rows.Scan(&sender, &h.revision.EventID, &h.revision.TS, &h.body); err != nil {
+		if err := rows.Scan(&sender, &h.Revision.EventID, &h.Revision.TS, &h.Body); err != nil {
 			return nil, err
 		}
 		if held == nil {
-			held = make(map[string]heldEdit)
+			held = make(map[string]journal.HeldEdit)
 		}
 		held[sender] = h
 	}
 	return held, rows.Err()
 }
 
-func projectOriginal(tx *Tx, p Principal, ev *journal.Event, seq int64, room roomRef) error {
-	var dead, anyHeld bool
-	if err := tx.queryRow(probeOriginal, p.ID, ev.RoomID, ev.ID).Scan(&dead, &anyHeld); err != nil {
-		return err
-	}
-	if dead {
-		// Redacted before it arrived: it never becomes visible, nothing held
-		// against it ever will either, and it is owed no answer.
-		if _, err := tx.exec(deleteHeldEdits, p.ID, ev.RoomID, ev.ID); err != nil {
-			return err
-		}
-		_, err := tx.exec(settleEventInRoom, p.ID, IDHash(ev.ID), ev.ID, ev.RoomID)
-		return err
-	}
-	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
-	content, preview := []byte(ev.Content), ev.Preview
-	if anyHeld {
-		// Every edit held for this target goes now; only the author's own
-		// may apply, and only if it is newer.
-		held, err := takeHeldEdits(tx, p, ev.RoomID, ev.ID)
-		if err != nil {
-			return err
-		}
-		if h, ok := held[ev.Sender]; ok && h.revision.After(revision) {
-			// A redacted held edit has no body: it owes a refetch.
-			revision, content, preview = h.revision, h.body, journal.IsSidecarPreview(h.body)
-		}
-	}
-	body, refresh := visibleBody(content, preview, seq)
-	if _, err := tx.exec(insertVisible, seq, room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
-		storedRevisionID(revision, ev.ID), revision.TS, body, refresh, room.epoch); err != nil {
-		return err
-	}
-	return noteVisibleRow(tx)
-}
-
-func projectEdit(tx *Tx, p Principal, ev *journal.Event, seq, epoch int64) error {
-	if journal.IsTransportProgress(ev, p.UserID) {
-		return nil
-	}
-	if dead, err := tombstoned(tx, p, ev.RoomID, ev.Target); err != nil || dead {
-		return err
-	}
-	// An edit whose redaction came first still takes its place among the
-	// author's revisions, bodiless, exactly as if it had arrived first and
-	// been redacted then: arrival order must not decide whether an older
-	// revision comes back on screen. Recovering its body is the server's
-	// answer to a refetch, never local history.
-	redacted, err := tombstoned(tx, p, ev.RoomID, ev.ID)
-	if err != nil {
-		return err
-	}
-	content, preview := []byte(ev.NewContent), ev.Preview
-	if redacted {
-		content, preview = nil, false
-	}
-	revision := journal.Revision{TS: ev.TS, EventID: ev.ID}
-	row, ok, err := visibleByEvent(tx, p, ev.RoomID, ev.Target)
-	if err != nil {
-		return err
-	}
-	if ok {
-		if row.sender != ev.Sender || !revision.After(row.revision) {
-			return nil
-		}
-		body, refresh := visibleBody(content, preview, seq)
-		_, err := tx.exec(updateVisibleRevision, ev.ID, ev.TS, body, refresh, row.seq)
-		return err
-	}
-	// A target the journal already holds but does not show (undecryptable,
-	// fenced, admitted while out of the room, itself an edit) will never
-	// project: a held edit of it would keep its plaintext for good, so it is
-	// dropped. Only a target not yet seen is waited for.
-	var thread string
-	switch err := tx.queryRow(selectThreadOf, p.ID, IDHash(ev.Target), ev.Target, ev.RoomID).Scan(&thread); {
-	case err == nil:
-		return nil
-	case !errors.Is(err, sql.ErrNoRows):
-		return err
-	}
-	// The target has not arrived: hold the newest edit per (target, sender).
-	var (
-		held     journal.Revision
-		heldBody sql.NullString
-	)
-	err = tx.queryRow(selectHeldEdit, p.ID, ev.RoomID, ev.Target, ev.Sender).Scan(&held.EventID, &held.TS, &heldBody)
-	if err == nil && !revision.After(held) {
-		return nil
-	}
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	var body any
-	if content != nil {
-		body = string(content)
-	}
-	_, err = tx.exec(upsertHeldEdit, p.ID, ev.RoomID, ev.Target, ev.Sender, ev.ID, ev.TS, body, epoch)
+// DropHeldEdits implements journal.ProjectionStore.
+func (j *projector) DropHeldEdits(room, target string) error {
+	_, err := j.tx.exec(deleteHeldEdits, j.p.ID, room, target)
 	return err
 }
 
-func projectRedaction(tx *Tx, p Principal, ev *journal.Event, seq int64) error {
-	room, target := ev.RoomID, ev.Target
-	// The tombstone comes first, so nothing arriving later can resurrect the
-	// target.
-	if _, err := tx.exec(insertTombstone, p.ID, room, target, seq); err != nil {
-		return fmt.Errorf("tombstone: %w", err)
-	}
-	// Whatever was held against the target goes, whether the target is a
-	// visible original or never arrived.
-	if _, err := tx.exec(deleteHeldEdits, p.ID, room, target); err != nil {
-		return err
-	}
-	row, ok, err := visibleByEvent(tx, p, room, target)
-	if err != nil {
-		return err
-	}
-	if ok {
-		if _, err := tx.exec(deleteVisible, row.seq); err != nil {
-			return err
-		}
-	} else {
-		// A redacted edit: if it is the revision on screen, the body goes now
-		// and the row owes a refetch; a superseded edit changes nothing.
-		var logical string
-		err := tx.queryRow(selectJournalEdit, p.ID, IDHash(target), target, room).Scan(&logical)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
-			return err
-		default:
-			if row, ok, err := visibleByEvent(tx, p, room, logical); err != nil {
-				return err
-			} else if ok {
-				if _, err := tx.exec(clearVisibleOnEdit, seq, row.seq, target); err != nil {
-					return err
-				}
-			}
-		}
-		// A held edit keeps its identity and ordering but loses its body.
-		if _, err := tx.exec(clearHeldEdit, p.ID, room, target); err != nil {
-			return err
-		}
-	}
-	// A redacted source has nothing left to answer.
-	if _, err := tx.exec(settleEventInRoom, p.ID, IDHash(target), target, room); err != nil {
-		return fmt.Errorf("settle redacted source: %w", err)
-	}
-	return nil
+// ClearHeldEdit implements journal.ProjectionStore.
+func (j *projector) ClearHeldEdit(room, editID string) error {
+	_, err := j.tx.exec(clearHeldEdit, j.p.ID, room, editID)
+	return err
+}
+
+// Settle implements journal.ProjectionStore.
+func (j *projector) Settle(room, eventID string) error {
+	_, err := j.tx.exec(settleEventInRoom, j.p.ID, IDHash(eventID), eventID, room)
+	return err
 }

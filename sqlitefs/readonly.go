@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/mattn/go-sqlite3"
-
-	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // Errors of the read-only handle.
@@ -48,26 +46,24 @@ func (e *OlderDatabaseError) Error() string {
 
 // OpenReadOnly opens the journal under opts.StorageDir for operator
 // commands while a daemon may be writing it. It opens the file mode=ro with
-// query_only, never creates, migrates or locks it, and never waits for the
-// writer: it refuses a schema older or newer than this binary's rather
-// than misread it. The DB it returns answers the reader queries (Status,
-// Generation, Read, Pending, ...); its Writer and its checkpoints refuse
-// every connection with ErrReadOnly.
+// query_only, through SQLite's own VFS whatever opts.WALBuffer says (the
+// writer's choice does not bind a reader), never creates, migrates or
+// locks it, and never waits for the writer: it refuses a schema older or
+// newer than this binary's rather than misread it. The DB it returns
+// answers the reader queries (Status, Generation, Read, Pending, ...); its
+// Writer and its checkpoints refuse every connection with ErrReadOnly.
 //
 // SQLite cannot interrupt its wait for a lock, so each read-only
 // connection is opened for one call and waits no longer than that call's
 // context deadline: a call cut short by its deadline fails with
 // context.DeadlineExceeded, even when SQLite reports the lock.
 func OpenReadOnly(ctx context.Context, opts Options) (_ *DB, err error) {
-	if err := walbuf.Register(); err != nil {
-		return nil, err
-	}
 	path := Path(opts.StorageDir)
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("%w at %s: %w", ErrNoJournal, path, err)
 	}
 	db := &DB{Path: path, budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail),
-		Writer: sql.OpenDB(readOnlyWriter{}), checkpointer: sql.OpenDB(readOnlyWriter{})}
+		writer: sql.OpenDB(readOnlyWriter{}), checkpointer: sql.OpenDB(readOnlyWriter{})}
 	if db.maxUnmerged <= 0 {
 		db.maxUnmerged = DefaultMaxUnmergedTail
 	}
@@ -80,22 +76,22 @@ func OpenReadOnly(ctx context.Context, opts Options) (_ *DB, err error) {
 	if n <= 0 {
 		n = DefaultReaders
 	}
-	db.Readers = sql.OpenDB(&readOnlyConnector{path: path, drv: &sqlite3.SQLiteDriver{}})
-	db.Readers.SetMaxOpenConns(n)
+	db.readers = sql.OpenDB(&readOnlyConnector{path: path, drv: &sqlite3.SQLiteDriver{}})
+	db.readers.SetMaxOpenConns(n)
 	// No connection outlives its call, so each one's wait for locks is set
 	// from the deadline of the call that opened it.
-	db.Readers.SetMaxIdleConns(0)
-	version, err := identify(ctx, db.Readers)
+	db.readers.SetMaxIdleConns(0)
+	version, err := identify(ctx, db.readers)
 	if err != nil {
 		return nil, readOnlyErr(ctx, path, err)
 	}
 	if known := SchemaVersion(); version != known {
 		return nil, &OlderDatabaseError{Version: version, Known: known}
 	}
-	if db.pageHead, err = db.Readers.PrepareContext(ctx, PageQueryHead); err != nil {
+	if db.pageHead, err = db.readers.PrepareContext(ctx, PageQueryHead); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", readOnlyErr(ctx, path, err))
 	}
-	if db.pageAfter, err = db.Readers.PrepareContext(ctx, PageQueryAfter); err != nil {
+	if db.pageAfter, err = db.readers.PrepareContext(ctx, PageQueryAfter); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", readOnlyErr(ctx, path, err))
 	}
 	return db, nil
@@ -131,10 +127,13 @@ func (c *readOnlyConnector) Connect(ctx context.Context) (driver.Conn, error) {
 func (c *readOnlyConnector) Driver() driver.Driver { return c.drv }
 
 // readOnlyDSN names the file for a read-only connection that waits up to
-// busyMS for a lock. Like every other connection it goes through the WAL
-// VFS, which passes reads on unchanged.
+// busyMS for a lock. It opens through SQLite's own VFS whatever the writer
+// uses: the gathering VFS passes reads on unchanged, and a mode=ro
+// connection never writes the WAL, so the writer's counts of what reached
+// it stay whole. Opens of either VFS share the unix VFS's file locks,
+// which the gathering one passes straight through.
 func readOnlyDSN(path string, busyMS int64) string {
-	return fileURI(path, url.Values{"vfs": {walbuf.Name}, "mode": {"ro"}, "_busy_timeout": {strconv.FormatInt(busyMS, 10)}})
+	return fileURI(path, url.Values{"mode": {"ro"}, "_busy_timeout": {strconv.FormatInt(busyMS, 10)}})
 }
 
 // connectReadOnly sets up a read-only connection. It leaves the journal

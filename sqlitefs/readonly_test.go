@@ -25,7 +25,7 @@ func closedJournal(t *testing.T) (dir string, p sqlitefs.Principal) {
 	ctx := context.Background()
 	dir = t.TempDir()
 	db := openDB(t, dir)
-	conn, err := db.Writer.Conn(ctx)
+	conn, err := db.WriterPool().Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestAReadOnlyDBRefusesEveryWrite(t *testing.T) {
 	ctx := context.Background()
 	dir, _ := closedJournal(t)
 	db := openRO(t, dir)
-	if _, err := db.Writer.Conn(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
+	if _, err := db.WriterPool().Conn(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
 		t.Fatalf("writer connection: %v, want ErrReadOnly", err)
 	}
 	if _, err := db.Checkpoint(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
@@ -120,7 +120,7 @@ func TestAReadOnlyDBRefusesEveryWrite(t *testing.T) {
 	if _, err := db.TruncateWAL(ctx); !errors.Is(err, sqlitefs.ErrReadOnly) {
 		t.Fatalf("TruncateWAL: %v, want ErrReadOnly", err)
 	}
-	_, err := db.Readers.ExecContext(ctx, insertMeta, "intruder")
+	_, err := db.QueryPool().ExecContext(ctx, insertMeta, "intruder")
 	var se sqlite3.Error
 	if !errors.As(err, &se) || se.Code != sqlite3.ErrReadonly {
 		t.Fatalf("reader write: %v, want SQLITE_READONLY", err)
@@ -133,7 +133,7 @@ func TestAReadOnlyOpenReadsBesideAWriteInProgress(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	w := openDB(t, dir)
-	conn, err := w.Writer.Conn(ctx)
+	conn, err := w.WriterPool().Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

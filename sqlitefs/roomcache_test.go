@@ -26,7 +26,7 @@ var cacheClock = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 
 func beginBatch(t *testing.T, db *sqlitefs.DB) *batchTx {
 	t.Helper()
-	conn, err := db.Writer.Conn(context.Background())
+	conn, err := db.WriterPool().Conn(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

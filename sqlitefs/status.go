@@ -24,7 +24,7 @@ type PrincipalStatus struct {
 // Status summarises every principal. It counts rows, so it is an operator
 // command, not a hot path.
 func (db *DB) Status(ctx context.Context) ([]PrincipalStatus, error) {
-	rows, err := db.Readers.QueryContext(ctx, selectStatus)
+	rows, err := db.readers.QueryContext(ctx, selectStatus)
 	if err != nil {
 		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
 	}

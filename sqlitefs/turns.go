@@ -129,7 +129,7 @@ func (db *DB) TurnForEvent(ctx context.Context, agent, eventID string) (journal.
 }
 
 func (db *DB) oneTurn(ctx context.Context, agent, query, key string) (journal.TurnRecord, bool, error) {
-	tx, err := db.Readers.BeginTx(ctx, nil)
+	tx, err := db.readers.BeginTx(ctx, nil)
 	if err != nil {
 		return journal.TurnRecord{}, false, err
 	}
@@ -152,7 +152,7 @@ func (db *DB) Turns(ctx context.Context, agent string, limit int, after string) 
 	if limit <= 0 || limit > MaxTurnPage {
 		return nil, fmt.Errorf("%w: limit %d must be in 1..%d", journal.ErrInvalidArgument, limit, MaxTurnPage)
 	}
-	tx, err := db.Readers.BeginTx(ctx, nil)
+	tx, err := db.readers.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}

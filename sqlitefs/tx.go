@@ -62,7 +62,8 @@ func (t *Tx) query(query string, args ...any) (*sql.Rows, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.Query(args...)
+	rows, err := s.Query(args...)
+	return rows, mapErr(err)
 }
 
 // queryRow runs a one-row query; a prepare failure surfaces from Scan.

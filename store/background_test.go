@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -325,7 +326,7 @@ func TestTheWALShrinksToItsBoundOnceReadersAllow(t *testing.T) {
 	// Nothing runs in the background: the test runs the checkpoint.
 	const bound = 1 << 20
 	s, v := openWith(t, Options{StorageDir: t.TempDir(), CheckpointInterval: time.Hour, MergeDelay: time.Hour, WALBound: bound})
-	reader, err := s.db.Readers.Conn(ctx)
+	reader, err := s.db.QueryPool().Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,5 +362,39 @@ func TestTheWALShrinksToItsBoundOnceReadersAllow(t *testing.T) {
 	}
 	if got := walSize(t, s); got > bound {
 		t.Fatalf("the WAL file is %d bytes after a checkpoint with no reader and a commit, want at most its bound %d", got, bound)
+	}
+}
+
+// Close cancels the background work wherever it waits (here both loops
+// hold an hour's timer after a commit), then lets the writer stop, and
+// leaves a journal the next Open takes up with every commit in it.
+func TestCloseStopsTheBackgroundWorkWithoutWaitingItOut(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, v := openWith(t, Options{StorageDir: dir, CheckpointInterval: time.Hour, MergeDelay: time.Hour})
+	if _, err := v.AdmitBatch(ctx, mx.Live(mergeRooms[0], mx.Message("$kept", "@alice:example.org", 1000, "hi")), ""); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Close waited a minute for the background work")
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Fatal("Close returned with the writer running")
+	}
+	if _, err := v.AdmitBatch(ctx, mx.Live(mergeRooms[0], mx.Message("$late", "@alice:example.org", 1001, "hi")), ""); !errors.Is(err, journal.ErrClosed) {
+		t.Fatalf("admission after Close: %v, want ErrClosed", err)
+	}
+	_, v = openWith(t, Options{StorageDir: dir})
+	if got := readWhole(t, v, mergeRooms[0], 10); !slices.Equal(got, []string{"$kept"}) {
+		t.Fatalf("the reopened journal reads %v, want [$kept]", got)
 	}
 }

@@ -13,12 +13,14 @@ import (
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
+	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // sqliteBackend is one journal directory on a real on-disk SQLite file.
 type sqliteBackend struct {
 	dir             string
 	maxUnmergedTail int
+	walBuffer       bool
 }
 
 func sqliteFactory(tb testing.TB) contract.Backend { return &sqliteBackend{dir: tb.TempDir()} }
@@ -33,10 +35,16 @@ func mergingFactory(n int) contract.Factory {
 	}
 }
 
+// walBufferFactory opens journals through the gathering VFS (package
+// walbuf), so the contract holds under both VFS the store can use.
+func walBufferFactory(tb testing.TB) contract.Backend {
+	return &sqliteBackend{dir: tb.TempDir(), walBuffer: true}
+}
+
 // Open implements contract.Backend.
 func (b *sqliteBackend) Open(tb testing.TB) journal.Store {
 	tb.Helper()
-	return testsupport.MustOpenWith(tb, store.Options{StorageDir: b.dir, MaxUnmergedTail: b.maxUnmergedTail})
+	return testsupport.MustOpenWith(tb, store.Options{StorageDir: b.dir, MaxUnmergedTail: b.maxUnmergedTail, WALBuffer: b.walBuffer})
 }
 
 // CorruptPayload implements contract.Backend: the write a foreign process
@@ -65,6 +73,39 @@ func TestContractWithEveryRowMergedIntoThePageIndex(t *testing.T) {
 
 func TestContractWithConversationsSplitBetweenIndexAndTail(t *testing.T) {
 	contract.Run(t, mergingFactory(3))
+}
+
+func TestContractWithTheWALBuffer(t *testing.T) { contract.Run(t, walBufferFactory) }
+
+// Each backend admits through the VFS it names, so the two contract runs
+// are of two VFS and not one twice. walbuf's counters are the process's;
+// no test here runs beside another.
+func TestEachBackendAdmitsThroughItsOwnVFS(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name     string
+		factory  contract.Factory
+		buffered bool
+	}{
+		{"Stock", sqliteFactory, false},
+		{"WALBuffer", walBufferFactory, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := c.factory(t).Open(t)
+			v, err := s.Principal(ctx, "helper", "@bot:example.org")
+			if err != nil {
+				t.Fatalf("Principal: %v", err)
+			}
+			before := walbuf.ReadStats().Received
+			in := mx.Live("!room:example.org", mx.Message("$m", "@alice:example.org", 1000, "hi"))
+			if _, err := v.AdmitBatch(ctx, in, ""); err != nil {
+				t.Fatalf("AdmitBatch: %v", err)
+			}
+			if got := walbuf.ReadStats().Received > before; got != c.buffered {
+				t.Fatalf("the admission's WAL writes went through the gathering VFS: %v, want %v", got, c.buffered)
+			}
+		})
+	}
 }
 
 // TestSettledRowsKeepNoPayloadOnDisk checks what the contract cannot see

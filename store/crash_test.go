@@ -30,6 +30,9 @@ const (
 	crashChildDirEnv = "MINDROOMD_CRASH_CHILD_DIR"
 	// crashSeedEnv replays a logged seed.
 	crashSeedEnv = "MINDROOMD_CRASH_SEED"
+	// crashWALBufferEnv, set to 1, opens the child's journal with the WAL
+	// buffer (Options.WALBuffer).
+	crashWALBufferEnv = "MINDROOMD_CRASH_WAL_BUFFER"
 )
 
 const (
@@ -61,11 +64,11 @@ func crashBatchOf(token string) (int, error) {
 	return n, nil
 }
 
-func openCrashStore(ctx context.Context, dir string) (*store.Store, journal.PrincipalStore, error) {
+func openCrashStore(ctx context.Context, dir string, walBuffer bool) (*store.Store, journal.PrincipalStore, error) {
 	// A tiny tail bound merges the page index every few batches, so kills
 	// also land inside merges and the reopened journal has rows in both.
 	s, err := store.Open(ctx, store.Options{StorageDir: dir, Now: func() time.Time { return testsupport.DefaultNow },
-		MaxUnmergedTail: crashMaxUnmergedTail})
+		MaxUnmergedTail: crashMaxUnmergedTail, WALBuffer: walBuffer})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -86,7 +89,7 @@ func TestCrashChildProcess(t *testing.T) {
 		return
 	}
 	ctx := context.Background()
-	_, p, err := openCrashStore(ctx, dir)
+	_, p, err := openCrashStore(ctx, dir, os.Getenv(crashWALBufferEnv) == "1")
 	if err != nil {
 		t.Fatalf("child: open: %v", err)
 	}
@@ -126,11 +129,14 @@ type killRound struct {
 
 // runAndKill starts the child on dir, SIGKILLs it once killAfter batches
 // were acknowledged, and reads every acknowledgement it managed to print.
-func runAndKill(ctx context.Context, t *testing.T, dir string, killAfter, wantFirst int) (killRound, error) {
+func runAndKill(ctx context.Context, t *testing.T, dir string, walBuffer bool, killAfter, wantFirst int) (killRound, error) {
 	t.Helper()
 	r := killRound{killAfter: killAfter, first: -1, lastAck: -1}
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashChildProcess$")
 	cmd.Env = append(os.Environ(), crashChildDirEnv+"="+dir)
+	if walBuffer {
+		cmd.Env = append(cmd.Env, crashWALBufferEnv+"=1")
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -192,8 +198,8 @@ func runAndKill(ctx context.Context, t *testing.T, dir string, killAfter, wantFi
 // checkAfterKill reopens the journal and proves the kill lost nothing
 // acknowledged and applied no batch in part. It returns the batch number of
 // the stored sync token.
-func checkAfterKill(ctx context.Context, dir string, lastAck int) (int, error) {
-	s, p, err := openCrashStore(ctx, dir)
+func checkAfterKill(ctx context.Context, dir string, walBuffer bool, lastAck int) (int, error) {
+	s, p, err := openCrashStore(ctx, dir, walBuffer)
 	if err != nil {
 		return 0, fmt.Errorf("reopen after kill: %w", err)
 	}
@@ -210,7 +216,7 @@ func checkAfterKill(ctx context.Context, dir string, lastAck int) (int, error) {
 		return stored, fmt.Errorf("stored sync token %q is older than the last acknowledged batch %d", tok, lastAck)
 	}
 
-	rows, err := s.DB().Readers.QueryContext(ctx, `SELECT event_id FROM journal_events`)
+	rows, err := s.DB().QueryPool().QueryContext(ctx, `SELECT event_id FROM journal_events`)
 	if err != nil {
 		return stored, fmt.Errorf("list journal: %w", err)
 	}
@@ -286,24 +292,30 @@ func TestCrashSIGKILLMidAdmissionLosesNoAcknowledgedBatchAndTearsNone(t *testing
 	t.Logf("seed %d (replay with %s=%d)", seed, crashSeedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 0x6d696e64726f6f6d))
 
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	dir := t.TempDir()
-	stored := -1
-	passed := 0
-	for round := 1; round <= kills; round++ {
-		killAfter := 1 + rng.IntN(crashMaxAcksPerKill)
-		r, err := runAndKill(ctx, t, dir, killAfter, stored+1)
-		if err != nil {
-			t.Fatalf("kill %d/%d (after %d acks): %v", round, kills, killAfter, err)
-		}
-		if r.stored, err = checkAfterKill(ctx, dir, r.lastAck); err != nil {
-			t.Fatalf("kill %d/%d (after %d acks, acked batches %d..%d): %v", round, kills, killAfter, r.first, r.lastAck, err)
-		}
-		t.Logf("kill %2d/%d: SIGKILL after ack %3d; acked batches %d..%d (%d); stored token tok-%d (%d committed unacknowledged)",
-			round, kills, killAfter, r.first, r.lastAck, r.acked, r.stored, r.stored-r.lastAck)
-		stored = r.stored
-		passed++
+	// The reopen that checks each kill uses the same VFS as the child, as
+	// a restarted daemon would.
+	for _, walBuffer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WALBuffer=%v", walBuffer), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			dir := t.TempDir()
+			stored := -1
+			passed := 0
+			for round := 1; round <= kills; round++ {
+				killAfter := 1 + rng.IntN(crashMaxAcksPerKill)
+				r, err := runAndKill(ctx, t, dir, walBuffer, killAfter, stored+1)
+				if err != nil {
+					t.Fatalf("kill %d/%d (after %d acks): %v", round, kills, killAfter, err)
+				}
+				if r.stored, err = checkAfterKill(ctx, dir, walBuffer, r.lastAck); err != nil {
+					t.Fatalf("kill %d/%d (after %d acks, acked batches %d..%d): %v", round, kills, killAfter, r.first, r.lastAck, err)
+				}
+				t.Logf("kill %2d/%d: SIGKILL after ack %3d; acked batches %d..%d (%d); stored token tok-%d (%d committed unacknowledged)",
+					round, kills, killAfter, r.first, r.lastAck, r.acked, r.stored, r.stored-r.lastAck)
+				stored = r.stored
+				passed++
+			}
+			t.Logf("%d/%d kills passed; %d batches (%d events) durable", passed, kills, stored+1, (stored+1)*crashEventsPerBatch)
+		})
 	}
-	t.Logf("%d/%d kills passed; %d batches (%d events) durable", passed, kills, stored+1, (stored+1)*crashEventsPerBatch)
 }

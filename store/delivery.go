@@ -32,7 +32,7 @@ func (v *View) Claim(ctx context.Context, deliveryID string, stage journal.Stage
 	}
 	res, err := write(ctx, v, "claim", 0, func(tx *sqlitefs.Tx) (claimed, []hint.Hint, error) {
 		d, err := sqlitefs.Claim(tx, v.p, deliveryID, stage, deviceID)
-		if errors.Is(err, sqlitefs.ErrPlaceholderSuperseded) {
+		if errors.Is(err, journal.ErrPlaceholderSuperseded) {
 			return claimed{refused: err}, nil, nil
 		}
 		return claimed{d: d}, nil, err

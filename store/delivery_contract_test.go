@@ -13,3 +13,7 @@ func TestDeliveryContract(t *testing.T) { contract.RunDelivery(t, sqliteFactory)
 func TestDeliveryContractWithEveryRowMergedIntoThePageIndex(t *testing.T) {
 	contract.RunDelivery(t, mergingFactory(1))
 }
+
+func TestDeliveryContractWithTheWALBuffer(t *testing.T) {
+	contract.RunDelivery(t, walBufferFactory)
+}

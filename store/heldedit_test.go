@@ -85,7 +85,7 @@ func TestAHeldEditNeverOutlivesTheArrivalOfItsTarget(t *testing.T) {
 				}
 			}
 			var held int
-			if err := s.DB().Readers.QueryRowContext(ctx, `SELECT count(*) FROM unresolved_edits`).Scan(&held); err != nil {
+			if err := s.DB().QueryPool().QueryRowContext(ctx, `SELECT count(*) FROM unresolved_edits`).Scan(&held); err != nil {
 				t.Fatal(err)
 			}
 			if held != 0 {

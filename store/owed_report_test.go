@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
@@ -38,9 +37,9 @@ func TestAnOwedEchoOnlyAbsorbsAReportWithinItsWindow(t *testing.T) {
 		screen  []string
 		owing   []string
 	}{
-		{"AReportWithinTheWindowIsTheEcho", sqlitefs.OwedReportWindow - time.Millisecond,
+		{"AReportWithinTheWindowIsTheEcho", journal.OwedReportWindow - time.Millisecond,
 			journal.OwedReportConsumed, "epoch 1, in", []string{"$n1"}, []string{}},
-		{"AReportAfterTheWindowFences", sqlitefs.OwedReportWindow + time.Millisecond,
+		{"AReportAfterTheWindowFences", journal.OwedReportWindow + time.Millisecond,
 			journal.Fenced, "epoch 2, out", []string{}, []string{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -67,6 +67,10 @@ type Options struct {
 	// WALBound is the size in bytes the checkpoints hold the WAL file to
 	// while readers allow (default sqlitefs.DefaultWALBound).
 	WALBound int64
+	// WALBuffer opens the journal through the gathering VFS (package
+	// walbuf) instead of SQLite's own; see sqlitefs.Options.WALBuffer and
+	// docs/VFS.md. Off by default.
+	WALBuffer bool
 	// MergeDelay is how long after a commit a merge cycle moves the page
 	// index's unmerged tail into it (default DefaultMergeDelay); a tail
 	// half MaxUnmergedTail starts one at once.
@@ -96,13 +100,14 @@ type Store struct {
 
 	afterMergeCycle func(finished bool)
 
-	commits    chan struct{} // signalled after each commit, for the checkpointer
-	stopChecks context.CancelFunc
-	checksDone chan struct{}
+	commits chan struct{} // signalled after each commit, for the checkpointer
+	merges  chan struct{} // signalled after each commit, for the page merger
 
-	merges     chan struct{} // signalled after each commit, for the page merger
-	stopMerges context.CancelFunc
-	mergesDone chan struct{}
+	// The background work (checkpoints, merges) runs until stopBackground
+	// cancels its context; background counts its goroutines. The writer is
+	// not background work: it stops on its own signal, after them.
+	stopBackground context.CancelFunc
+	background     sync.WaitGroup
 
 	done      chan struct{} // closed when the writer has stopped
 	closing   chan struct{} // closed when Close begins, so a busy wait gives up
@@ -123,7 +128,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		opts.MaxOutstanding = DefaultMaxOutstanding
 	}
 	db, err := sqlitefs.Open(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers,
-		PageBudget: opts.PageBudget, MaxUnmergedTail: opts.MaxUnmergedTail, WALBound: opts.WALBound})
+		PageBudget: opts.PageBudget, MaxUnmergedTail: opts.MaxUnmergedTail, WALBound: opts.WALBound,
+		WALBuffer: opts.WALBuffer})
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
@@ -139,10 +145,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 
 		afterMergeCycle: opts.afterMergeCycle,
 
-		commits:    make(chan struct{}, 1),
-		checksDone: make(chan struct{}),
-		merges:     make(chan struct{}, 1),
-		mergesDone: make(chan struct{}),
+		commits: make(chan struct{}, 1),
+		merges:  make(chan struct{}, 1),
 	}
 	if s.system == nil {
 		s.system = actors.NewSystem(opts.Log)
@@ -151,7 +155,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.hints = &hint.Bus{}
 	}
 	props := writer.Props(writer.Deps{
-		DB:            db.Writer,
+		DB:            db.WriterPool(),
 		Now:           opts.Now,
 		Log:           opts.Log.With().Str("actor", "writer").Logger(),
 		Publish:       s.hints.Publish,
@@ -165,21 +169,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		MaxBatchBytes: opts.MaxBatchBytes,
 	})
 	s.writer = s.system.Root.Spawn(props)
-	var mergeCtx context.Context
-	mergeCtx, s.stopMerges = context.WithCancel(context.Background())
-	go func() {
-		defer close(s.mergesDone)
-		s.runMerges(mergeCtx, opts.MergeDelay, checkpointInterval(opts.CheckpointInterval))
-	}()
+	var bg context.Context
+	bg, s.stopBackground = context.WithCancel(context.Background())
+	s.background.Go(func() {
+		s.runMerges(bg, opts.MergeDelay, checkpointInterval(opts.CheckpointInterval))
+	})
+	s.background.Go(func() { s.runCheckpoints(bg, opts.CheckpointInterval) })
 	if db.Unmerged() > 0 {
 		s.committed(0) // a tail left by the last process merges soon, not at the next commit
 	}
-	var checkCtx context.Context
-	checkCtx, s.stopChecks = context.WithCancel(context.Background())
-	go func() {
-		defer close(s.checksDone)
-		s.runCheckpoints(checkCtx, opts.CheckpointInterval)
-	}()
 	return s, nil
 }
 
@@ -223,15 +221,15 @@ func (s *Store) Hints() *hint.Bus { return s.hints }
 // DB exposes the SQLite layer for benchmarks and operational tools.
 func (s *Store) DB() *sqlitefs.DB { return s.db }
 
-// Close stops accepting commands, lets the writer commit everything already
-// queued, then closes the database. It is safe to call more than once.
+// Close stops the background work and waits for it, stops accepting
+// commands, lets the writer commit everything already queued, checkpoints
+// the WAL into the file unless a fault stopped the writer, then closes the
+// database. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		// The background loops go first: they send the writer work.
-		s.stopMerges()
-		<-s.mergesDone
-		s.stopChecks()
-		<-s.checksDone
+		// The background work goes first: it sends the writer work.
+		s.stopBackground()
+		s.background.Wait()
 		// Poison is queued behind every command already sent, so those
 		// commit first; the writer's stop flushes whatever batch is open.
 		// If another connection holds the write lock meanwhile, a batch

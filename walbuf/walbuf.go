@@ -1,11 +1,12 @@
-// Package walbuf provides the SQLite VFS the journal is opened with: the
-// default VFS, except that a WAL file's writes are gathered in memory and
-// passed on as one write per commit.
+// Package walbuf provides the SQLite VFS the journal opens with when asked
+// to (store.Options.WALBuffer): the default VFS, except that a WAL file's
+// writes are gathered in memory and passed on as one write per commit.
 //
 // SQLite appends a commit to the WAL frame by frame, two write system calls
 // per frame (its header, then the page). A scattered admission batch writes
-// hundreds of frames, so the writer spent about a fifth of its time entering
-// and leaving the kernel. Gathered, a commit is one write followed by the
+// hundreds of frames, and the writer spends a share of its time entering and
+// leaving the kernel (BenchmarkAdmit/vfs measures what gathering saves; see
+// docs/VFS.md). Gathered, a commit is one write followed by the
 // same fsync as before: what reaches the disk, and when the commit is
 // acknowledged, do not change.
 //

@@ -19,7 +19,6 @@ import (
 	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/sqlitefs"
-	"github.com/mindroomd/mindroomd/walbuf"
 )
 
 // testDeadline bounds every wait in these tests, so a deadlock fails the
@@ -55,13 +54,6 @@ type harnessOptions struct {
 	closing <-chan struct{}
 }
 
-// isBusy is the store's busy predicate: another connection holds a lock,
-// by SQLite's code.
-func isBusy(err error) bool {
-	var se sqlite3.Error
-	return errors.As(err, &se) && (se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked)
-}
-
 func newHarness(t *testing.T, o harnessOptions) *harness {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
@@ -70,12 +62,12 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	if err != nil {
 		t.Fatalf("open journal file: %v", err)
 	}
-	if _, err := db.Writer.ExecContext(ctx, `CREATE TABLE scratch (k TEXT PRIMARY KEY)`); err != nil {
+	if _, err := db.WriterPool().ExecContext(ctx, `CREATE TABLE scratch (k TEXT PRIMARY KEY)`); err != nil {
 		t.Fatalf("create scratch table: %v", err)
 	}
-	writerDB := db.Writer
+	writerDB := db.WriterPool()
 	if o.busyTimeout > 0 {
-		q := url.Values{"_txlock": {"immediate"}, "_busy_timeout": {fmt.Sprint(o.busyTimeout.Milliseconds())}, "vfs": {walbuf.Name}}
+		q := url.Values{"_txlock": {"immediate"}, "_busy_timeout": {fmt.Sprint(o.busyTimeout.Milliseconds())}}
 		if writerDB, err = sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: db.Path, RawQuery: q.Encode()}).String()); err != nil {
 			t.Fatalf("open writer pool: %v", err)
 		}
@@ -91,7 +83,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 		DB:      writerDB,
 		Log:     zerolog.Nop(),
 		IsFatal: sqlitefs.IsFatal,
-		IsBusy:  isBusy,
+		IsBusy:  sqlitefs.IsBusy,
 		OnBusy:  o.onBusy,
 		Closing: o.closing,
 		Publish: func(hs []hint.Hint) {
@@ -120,7 +112,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 				t.Errorf("writer did not stop after Poison")
 			}
 		}
-		if writerDB != db.Writer {
+		if writerDB != db.WriterPool() {
 			if err := writerDB.Close(); err != nil {
 				t.Errorf("close writer pool: %v", err)
 			}
@@ -203,7 +195,7 @@ func (h *harness) gate() (release func(), reply <-chan *writer.Executed) {
 func (h *harness) present(k string) bool {
 	h.t.Helper()
 	var n int
-	if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
+	if err := h.db.QueryPool().QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
 		h.t.Fatalf("read scratch row %q: %v", k, err)
 	}
 	return n == 1
@@ -212,7 +204,7 @@ func (h *harness) present(k string) bool {
 func (h *harness) rowCount() int {
 	h.t.Helper()
 	var n int
-	if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch`).Scan(&n); err != nil {
+	if err := h.db.QueryPool().QueryRowContext(h.ctx, `SELECT count(*) FROM scratch`).Scan(&n); err != nil {
 		h.t.Fatalf("count scratch rows: %v", err)
 	}
 	return n
@@ -341,7 +333,7 @@ func TestWriterReplyArrivesOnlyAfterReaderSeesCommit(t *testing.T) {
 					return
 				}
 				var n int
-				if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
+				if err := h.db.QueryPool().QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil {
 					errs <- fmt.Errorf("read %s: %w", k, err)
 					return
 				}
@@ -376,7 +368,7 @@ func TestWriterRepliesToNoCommandBeforeItsWholeBatchCommits(t *testing.T) {
 		// transaction, and no reply may have gone out yet.
 		seenInside.replies = len(a) + len(b)
 		var n int
-		seenInside.readErr = h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = 'a'`).Scan(&n)
+		seenInside.readErr = h.db.QueryPool().QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = 'a'`).Scan(&n)
 		seenInside.aVisible = n > 0
 		close(lastStarted)
 		<-lastHold
@@ -628,7 +620,7 @@ func TestWriterPublishesHintsAfterCommitWithoutRolledBackOnes(t *testing.T) {
 		p := publication{hints: slices.Clone(hs), visible: make(map[string]bool)}
 		for _, x := range hs {
 			var n int
-			err := h.db.Readers.QueryRow(`SELECT count(*) FROM scratch WHERE k = ?`, x.Room).Scan(&n)
+			err := h.db.QueryPool().QueryRow(`SELECT count(*) FROM scratch WHERE k = ?`, x.Room).Scan(&n)
 			p.visible[x.Room] = err == nil && n == 1
 		}
 		seen <- p
@@ -886,7 +878,7 @@ func TestMaintenanceRunsBetweenBatchesOutsideATransaction(t *testing.T) {
 			visible *bool
 		}{{"a", &inside.visibleA}, {"b", &inside.visibleB}, {"c", &inside.visibleC}} {
 			var n int
-			if err := h.db.Readers.QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, row.k).Scan(&n); err != nil && inside.readErr == nil {
+			if err := h.db.QueryPool().QueryRowContext(h.ctx, `SELECT count(*) FROM scratch WHERE k = ?`, row.k).Scan(&n); err != nil && inside.readErr == nil {
 				inside.readErr = err
 			}
 			*row.visible = n == 1
@@ -1103,7 +1095,7 @@ func TestAfterCommitWorkRunsInOrderOnceCommittedWithoutRolledBackOnes(t *testing
 			}
 			tx.AfterCommit(func() {
 				var n int
-				if err := h.db.Readers.QueryRow(`SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil || n != 1 {
+				if err := h.db.QueryPool().QueryRow(`SELECT count(*) FROM scratch WHERE k = ?`, k).Scan(&n); err != nil || n != 1 {
 					t.Errorf("after-commit work for %q ran before a reader could see its commit", k)
 				}
 				ran = append(ran, k)

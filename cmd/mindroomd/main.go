@@ -1,4 +1,16 @@
 // Command mindroomd is the durable Matrix event journal and delivery daemon.
+//
+// Its exit code tells a script or a service manager what went wrong:
+//
+//	0  success, or help was asked for (-h, -help, help)
+//	1  any other failure
+//	2  usage error: no command, or an unknown command, flag or argument
+//	3  configuration error: reserved for the daemon's configuration file
+//	4  the journal is refused or damaged: another application's file, a
+//	   schema newer or older than this binary's, or a file SQLite finds corrupt
+//
+// Codes 2 to 4 are failures that running the same command again cannot
+// mend, so a service manager can be told not to restart on them.
 package main
 
 import (
@@ -10,39 +22,143 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
-// Version is set at build time with -ldflags "-X main.Version=...".
-var Version = "dev"
+// version is set at build time with -ldflags "-X main.version=..."; make
+// build stamps the commit.
+var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	m := NewMain(os.Stdout)
-	if err := m.ParseFlags(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// The process's exit codes; exitCodes documents each in the usage text.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+	exitConfig  = 3
+	exitJournal = 4
+)
+
+// exitCodes is the table the usage text prints, in the package comment's
+// words.
+var exitCodes = []struct {
+	code    int
+	meaning string
+}{
+	{exitOK, "success, or help was asked for (-h, -help, help)"},
+	{exitFailure, "any other failure"},
+	{exitUsage, "usage error: no command, or an unknown command, flag or argument"},
+	{exitConfig, "configuration error: reserved for the daemon's configuration file"},
+	{exitJournal, "the journal is refused or damaged: another application's file,\n" +
+		"     a schema newer or older than this binary's, or a file SQLite finds corrupt"},
+}
+
+// execute runs one command line and returns the process's exit code. Help
+// and command output go to stdout; an error goes to stderr, once, here.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	m := NewMain(stdout)
+	err := m.ParseFlags(ctx, args)
+	if err == nil {
+		err = m.Run(ctx)
+		if cerr := m.Close(); err == nil {
+			err = cerr
 		}
-		fmt.Fprintln(os.Stderr, "mindroomd:", err)
-		os.Exit(2)
 	}
-	err := m.Run(ctx)
-	if cerr := m.Close(); err == nil {
-		err = cerr
+	code := exitCode(err)
+	if code == exitOK {
+		return code
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mindroomd:", err)
-		os.Exit(1)
+	fmt.Fprintln(stderr, "mindroomd:", err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "run 'mindroomd %s' for usage\n", ue.helpArgs())
+	}
+	return code
+}
+
+// exitCode maps the error a command line ended with to its exit code.
+func exitCode(err error) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		return exitUsage
+	case refusedJournal(err):
+		return exitJournal
+	}
+	return exitFailure
+}
+
+// refusedJournal reports a journal this binary will not use as it stands:
+// one it refuses, or one SQLite finds damaged. Each waits for someone to
+// act (another binary, a migration, a restore). A full disk or an I/O
+// error, which sqlitefs.IsFatal also counts, can pass by itself, so it is
+// not among them.
+func refusedJournal(err error) bool {
+	var newer *sqlitefs.NewerDatabaseError
+	var older *sqlitefs.OlderDatabaseError
+	return errors.Is(err, sqlitefs.ErrForeignDatabase) || errors.As(err, &newer) || errors.As(err, &older) ||
+		sqlitefs.IsCorrupt(err)
+}
+
+// usageError is a command line mindroomd cannot run.
+type usageError struct {
+	// command is the subcommand whose help explains the mistake; empty for
+	// the top level.
+	command string
+	err     error
+}
+
+// Error implements error.
+func (e *usageError) Error() string { return e.err.Error() }
+
+// Unwrap returns the underlying error, such as a flag parsing error.
+func (e *usageError) Unwrap() error { return e.err }
+
+// helpArgs is the command line that prints the help for the mistake.
+func (e *usageError) helpArgs() string {
+	if e.command == "" {
+		return "-h"
+	}
+	return e.command + " -h"
+}
+
+// commands lists the subcommands for the top-level help and each one's own.
+var commands = []struct{ name, summary string }{
+	{"status", "summarise the journal: principals, pending work, undelivered replies"},
+	{"version", "print the version"},
+	{"help", "print this help, or a command's: help <command>"},
+}
+
+// writeUsage prints the top-level help.
+func writeUsage(w io.Writer) {
+	fmt.Fprint(w, "usage: mindroomd <command> [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'mindroomd <command> -h' for a command's flags.\n\nexit codes:\n")
+	for _, c := range exitCodes {
+		fmt.Fprintf(w, "  %d  %s\n", c.code, c.meaning)
 	}
 }
 
-// usage lists the subcommands this build offers.
-const usage = `usage: mindroomd <command> [flags]
-
-commands:
-  status    summarise the journal: principals, pending work, undelivered replies
-  version   print the version
-`
+// summary is a subcommand's line in the help.
+func summary(command string) string {
+	for _, c := range commands {
+		if c.name == command {
+			return c.summary
+		}
+	}
+	return ""
+}
 
 // Main is the program: parse the command line, run one subcommand, close.
 type Main struct {
@@ -54,31 +170,54 @@ type Main struct {
 // NewMain returns a Main writing its output to out.
 func NewMain(out io.Writer) *Main { return &Main{out: out} }
 
-// ParseFlags reads the subcommand and its flags.
-func (m *Main) ParseFlags(_ context.Context, args []string) error {
+// ParseFlags reads the subcommand and its flags. When help is asked for it
+// prints it to the output and returns flag.ErrHelp; a command line it
+// cannot run is a *usageError.
+func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(m.out, usage)
-		return flag.ErrHelp
+		return &usageError{err: errors.New("no command")}
 	}
 	m.command = args[0]
 	fs := flag.NewFlagSet("mindroomd "+m.command, flag.ContinueOnError)
-	fs.SetOutput(m.out)
+	// The flag package would print its error and the defaults on every
+	// failure; execute prints the error once, and help goes to the output.
+	fs.SetOutput(io.Discard)
 	switch m.command {
+	case "help":
+		if len(args) > 1 {
+			return m.ParseFlags(ctx, []string{args[1], "-h"})
+		}
+		writeUsage(m.out)
+		return flag.ErrHelp
+	case "-h", "-help", "--help":
+		writeUsage(m.out)
+		return flag.ErrHelp
 	case "status":
 		fs.StringVar(&m.storage, "storage", envOr("MINDROOMD_STORAGE", "mindroom_data"), "storage directory (env MINDROOMD_STORAGE)")
 	case "version":
 	default:
-		fmt.Fprint(m.out, usage)
-		return fmt.Errorf("unknown command %q", m.command)
+		return &usageError{err: fmt.Errorf("unknown command %q", m.command)}
 	}
-	return fs.Parse(args[1:])
+	err := fs.Parse(args[1:])
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(m.out, "usage: mindroomd %s [flags]\n\n%s\n", m.command, summary(m.command))
+		fs.SetOutput(m.out)
+		fs.PrintDefaults()
+		return err
+	case err != nil:
+		return &usageError{command: m.command, err: err}
+	case fs.NArg() > 0:
+		return &usageError{command: m.command, err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	return nil
 }
 
 // Run runs the parsed subcommand.
 func (m *Main) Run(ctx context.Context) error {
 	switch m.command {
 	case "version":
-		_, err := fmt.Fprintln(m.out, "mindroomd", Version)
+		_, err := fmt.Fprintln(m.out, "mindroomd", version)
 		return err
 	case "status":
 		return runStatus(ctx, m.out, m.storage)

@@ -5,13 +5,21 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/mattn/go-sqlite3"
 
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport"
@@ -68,8 +76,9 @@ func TestAnUnknownCommandIsAnError(t *testing.T) {
 
 // Test SQL, run on the journal from outside the daemon.
 const (
-	insertMeta     = `INSERT INTO store_meta (key, value) VALUES (?, 'x')`
-	setUserVersion = `PRAGMA user_version = `
+	insertMeta         = `INSERT INTO store_meta (key, value) VALUES (?, 'x')`
+	setUserVersion     = `PRAGMA user_version = `
+	createForeignTable = `CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)`
 )
 
 // closedJournal makes a journal with one principal and one event, and
@@ -294,4 +303,268 @@ func TestStatusReadsAJournalNamedRelativeToTheWorkingDirectory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The version the test binary is built with; a version the source does not
+// spell, so only the linker can have put it there.
+const stampedVersion = "v0.0.0-stamped-by-ldflags"
+
+// binDir holds the mindroomd built for the tests that run the real binary;
+// TestMain removes it.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "mindroomd-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildOnce builds mindroomd at most once per test run, the way make build
+// does: with the version stamped by -ldflags. Under -race it builds with
+// -race too, so the build reuses the packages the test run compiled.
+var buildOnce = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(binDir, "mindroomd")
+	args := []string{"build", "-buildvcs=false", "-ldflags", "-X main.version=" + stampedVersion, "-o", bin}
+	if raceEnabled() {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// raceEnabled reports whether this test binary was built with -race.
+func raceEnabled() bool {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}
+
+// mindroomd runs the built binary and returns its exit code and output.
+func mindroomd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	bin, err := buildOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	// A -race binary otherwise sleeps a second on each clean exit.
+	cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee) && ee.Exited():
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("mindroomd %q: %v\n%s", args, err, errOut.String())
+	}
+	return code, out.String(), errOut.String()
+}
+
+func TestTheVersionCommandPrintsTheBuildVersion(t *testing.T) {
+	defer func(v string) { version = v }(version)
+	version = "v1.2.3-test"
+	if out, err := run(t, "version"); err != nil || out != "mindroomd v1.2.3-test\n" {
+		t.Fatalf("version = %q, %v; want %q", out, err, "mindroomd v1.2.3-test\n")
+	}
+}
+
+// -X names the variable by its full name and silently sets nothing when the
+// name is wrong, so only a real build shows that make build's flag reaches
+// the version the binary prints.
+func TestABuildStampsTheVersionWithLdflags(t *testing.T) {
+	code, out, errOut := mindroomd(t, "version")
+	if want := "mindroomd " + stampedVersion + "\n"; code != 0 || out != want {
+		t.Fatalf("mindroomd version: exit %d, stdout %q, stderr %q; want exit 0, %q", code, out, errOut, want)
+	}
+}
+
+func TestEachErrorMapsToItsExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"OK", nil, exitOK},
+		{"Help", flag.ErrHelp, exitOK},
+		{"UnknownCommand", &usageError{err: errors.New(`unknown command "x"`)}, exitUsage},
+		{"BadFlag", fmt.Errorf("parse: %w", &usageError{command: "status", err: errors.New("flag provided but not defined: -x")}), exitUsage},
+		{"ForeignDatabase", fmt.Errorf("open: %w: application_id is 0x1", sqlitefs.ErrForeignDatabase), exitJournal},
+		{"NewerSchema", fmt.Errorf("open: %w", &sqlitefs.NewerDatabaseError{Version: 9, Known: 3}), exitJournal},
+		{"OlderSchema", &sqlitefs.OlderDatabaseError{Version: 2, Known: 3}, exitJournal},
+		{"Corrupt", fmt.Errorf("read schema: %w", sqlite3.Error{Code: sqlite3.ErrCorrupt, ExtendedCode: sqlite3.ErrCorruptVTab}), exitJournal},
+		{"NotADatabase", fmt.Errorf("read application_id: %w", sqlite3.Error{Code: sqlite3.ErrNotADB}), exitJournal},
+		{"DiskFull", sqlite3.Error{Code: sqlite3.ErrFull}, exitFailure},
+		{"IOError", sqlite3.Error{Code: sqlite3.ErrIoErr}, exitFailure},
+		{"Busy", sqlite3.Error{Code: sqlite3.ErrBusy}, exitFailure},
+		{"NoJournal", fmt.Errorf("%w at /x: missing", sqlitefs.ErrNoJournal), exitFailure},
+		{"Interrupted", context.Canceled, exitFailure},
+		{"Other", errors.New("boom"), exitFailure},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := exitCode(tc.err); got != tc.want {
+				t.Fatalf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// Help is what was asked for: it goes to stdout and exits 0, at the top
+// level and for each command.
+func TestAskingForHelpPrintsItAndExitsZero(t *testing.T) {
+	for _, args := range [][]string{
+		{"-h"}, {"-help"}, {"--help"}, {"help"},
+		{"status", "-h"}, {"status", "-help"}, {"help", "status"},
+		{"version", "-h"}, {"help", "version"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, out, errOut := mindroomd(t, args...)
+			if code != exitOK || errOut != "" {
+				t.Fatalf("exit %d, stderr %q; want exit 0 and nothing on stderr", code, errOut)
+			}
+			want := "usage: mindroomd <command>"
+			switch {
+			case slices.Contains(args, "status"):
+				want = "-storage"
+			case slices.Contains(args, "version"):
+				want = "usage: mindroomd version"
+			}
+			if !strings.Contains(out, want) {
+				t.Fatalf("stdout %q, want it to hold %q", out, want)
+			}
+		})
+	}
+}
+
+func TestTheTopLevelHelpDocumentsEveryExitCode(t *testing.T) {
+	var b bytes.Buffer
+	writeUsage(&b)
+	out := b.String()
+	for _, c := range []int{exitOK, exitFailure, exitUsage, exitConfig, exitJournal} {
+		if !strings.Contains(out, "\n  "+strconv.Itoa(c)+"  ") {
+			t.Fatalf("help does not document exit code %d:\n%s", c, out)
+		}
+	}
+}
+
+// Each failure exits with its own code from the real binary, with the
+// error on stderr and nothing on stdout.
+func TestTheBinaryExitsWithTheCodeOfItsFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		journal func(t *testing.T) string // makes a storage directory
+		args    []string                  // after "status -storage DIR" when journal is set
+		want    int
+		stderr  string
+	}{
+		{name: "NoCommand", want: exitUsage, stderr: "no command"},
+		{name: "UnknownCommand", args: []string{"frobnicate"}, want: exitUsage, stderr: `unknown command "frobnicate"`},
+		{name: "UnknownFlag", args: []string{"status", "-nosuch"}, want: exitUsage, stderr: "run 'mindroomd status -h' for usage"},
+		{name: "StrayArgument", journal: closedJournal, args: []string{"extra"}, want: exitUsage, stderr: `unexpected argument "extra"`},
+		{name: "NoJournal", journal: func(t *testing.T) string { return t.TempDir() }, want: exitFailure, stderr: "no journal"},
+		{name: "NewerSchema", journal: func(t *testing.T) string {
+			dir := closedJournal(t)
+			setVersion(t, dir, sqlitefs.SchemaVersion()+1)
+			return dir
+		}, want: exitJournal, stderr: "upgrade mindroomd"},
+		{name: "OlderSchema", journal: func(t *testing.T) string {
+			dir := closedJournal(t)
+			setVersion(t, dir, sqlitefs.SchemaVersion()-1)
+			return dir
+		}, want: exitJournal, stderr: "older than this binary"},
+		{name: "ForeignDatabase", journal: foreignJournal, want: exitJournal, stderr: "not a mindroomd journal"},
+		{name: "NotADatabase", journal: garbageJournal, want: exitJournal, stderr: "file is not a database"},
+		{name: "CorruptSchema", journal: corruptJournal, want: exitJournal, stderr: "malformed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.journal != nil {
+				args = append([]string{"status", "-storage", tc.journal(t)}, args...)
+			}
+			code, out, errOut := mindroomd(t, args...)
+			if code != tc.want || out != "" || !strings.Contains(errOut, tc.stderr) {
+				t.Fatalf("mindroomd %q: exit %d, stdout %q, stderr %q; want exit %d and %q on stderr",
+					args, code, out, errOut, tc.want, tc.stderr)
+			}
+		})
+	}
+}
+
+func TestTheBinaryExitsZeroOnAHealthyJournal(t *testing.T) {
+	code, out, errOut := mindroomd(t, "status", "-storage", closedJournal(t))
+	if code != exitOK || errOut != "" || !strings.Contains(out, "helper@@helper:example.org") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 0 and the principal", code, out, errOut)
+	}
+}
+
+// foreignJournal puts another application's SQLite file where the journal
+// belongs.
+func foreignJournal(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Dir(sqlitefs.Path(dir)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	raw := rawJournal(t, dir, "")
+	if _, err := raw.Exec(createForeignTable); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// garbageJournal puts a file that is no SQLite database at all where the
+// journal belongs.
+func garbageJournal(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	path := sqlitefs.Path(dir)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, bytes.Repeat([]byte("not a database "), 300), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// corruptJournal overwrites the first page of a closed journal after its
+// 100-byte file header, where the schema table's root page starts: the
+// header still names an SQLite file, but SQLite cannot read its schema.
+func corruptJournal(t *testing.T) string {
+	t.Helper()
+	dir := closedJournal(t)
+	path := sqlitefs.Path(dir)
+	b := mustReadFile(t, path)
+	pageSize := int(b[16])<<8 | int(b[17])
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	copy(b[100:pageSize], bytes.Repeat([]byte{0xff}, pageSize-100))
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
