@@ -89,7 +89,7 @@ func Props(d Deps) *actor.Props {
 		d.ScanLimit = DefaultScanLimit
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &outboxActor{deps: d, backoff: make(map[key]backoff)}
+		return &outboxActor{deps: d, backoff: make(map[key]backoff), mine: make(map[key]bool)}
 	}, actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
 }
 
@@ -104,8 +104,11 @@ type backoff struct {
 }
 
 type outboxActor struct {
-	deps     Deps
-	backoff  map[key]backoff
+	deps    Deps
+	backoff map[key]backoff
+	// mine are the rows this run may send again without searching the room
+	// first: those it claimed itself, or found missing from the room.
+	mine     map[key]bool
 	inFlight bool
 	timer    *time.Timer
 	ctx      context.Context
@@ -209,8 +212,16 @@ func (a *outboxActor) pump(ctx actor.Context) {
 // send started; a row that cannot be claimed now is skipped so it never
 // blocks the rows behind it.
 func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
-	if row.State == journal.DeliveryAttempted && row.DeviceID != "" && row.DeviceID != a.deps.DeviceID {
-		return a.reconcile(ctx, row)
+	k := key{row.DeliveryID, row.Stage}
+	if row.State == journal.DeliveryAttempted && !a.mine[k] {
+		// Sent by an earlier run, with an unknown outcome. From another
+		// device it must be looked for before it is sent again. From this
+		// one, the server's deduplication may also have forgotten the
+		// transaction (some homeservers keep it per access token, in
+		// memory), so it is looked for whenever a Reconciler can.
+		if (row.DeviceID != "" && row.DeviceID != a.deps.DeviceID) || a.deps.Reconciler != nil {
+			return a.reconcile(ctx, row)
+		}
 	}
 	d, err := a.deps.Outbox.Claim(a.ctx, row.DeliveryID, row.Stage, a.deps.DeviceID)
 	switch {
@@ -218,13 +229,15 @@ func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
 		return false
 	case errors.Is(err, journal.ErrDeviceChanged):
 		// The scan's copy was older than the row; the next scan reconciles.
-		a.delay(key{row.DeliveryID, row.Stage}, 0)
+		delete(a.mine, k)
+		a.delay(k, 0)
 		return false
 	case err != nil:
 		a.deps.Log.Error().Err(err).Str("delivery_id", row.DeliveryID).Msg("Claim failed")
-		a.delay(key{row.DeliveryID, row.Stage}, 0)
+		a.delay(k, 0)
 		return false
 	}
+	a.mine[k] = true
 	a.observe(Claimed, d)
 	content, err := journal.WireContent(d)
 	if err != nil {
@@ -283,13 +296,16 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 		}
 		delete(a.backoff, k)
 		a.observe(Acknowledged, d)
-	default:
+	case d.DeviceID != "" && d.DeviceID != a.deps.DeviceID:
 		if err := a.deps.Outbox.AdoptDevice(a.ctx, d.DeliveryID, d.Stage, a.deps.DeviceID); err != nil {
 			log.Error().Err(err).Msg("Handing the delivery to this device failed")
 			a.delay(k, 0)
 			return
 		}
+		a.mine[k] = true
 		a.observe(Adopted, d)
+	default:
+		a.mine[k] = true
 	}
 }
 

@@ -82,6 +82,14 @@ func newFakeHomeserver(name string) *fakeHomeserver {
 	}
 }
 
+// forgetTransactions drops the server's memory of transaction IDs, as a
+// homeserver that keeps it in memory does when it restarts.
+func (f *fakeHomeserver) forgetTransactions() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.byTxn = make(map[string]string)
+}
+
 // signIn makes the client's later sends come from dev, as a re-login does.
 func (f *fakeHomeserver) signIn(dev string) {
 	f.mu.Lock()

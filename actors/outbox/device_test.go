@@ -113,3 +113,54 @@ func TestWithoutAReconcilerAReplyFromAnEarlierDeviceIsNeverResent(t *testing.T) 
 		t.Errorf("reply-1 = %v from %q, want still %v from %q", row.State, row.DeviceID, journal.DeliveryAttempted, oldDevice)
 	}
 }
+
+// Some homeservers keep their transaction IDs in memory, per access token:
+// after their restart, or a new token on the same device, a resend is a
+// second event. A row an earlier run sent is therefore looked for first.
+func TestAReplyAnEarlierRunSentIsLookedForBeforeItIsSentAgain(t *testing.T) {
+	h := newHarness(t)
+	v := h.principal("helper", "@bot:example.org")
+	srv := newFakeHomeserver("srv")
+	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "reply-1", Content: text("hello")})
+	claimed, err := v.Claim(h.ctx, "reply-1", journal.StageFinal, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := journal.WireContent(claimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := srv.accept(claimed, wire)
+	srv.forgetTransactions()
+
+	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv })
+	a.waitFor(outbox.Acknowledged, "reply-1", journal.StageFinal)
+	row := h.delivery(v, "reply-1", journal.StageFinal)
+	if row.State != journal.DeliveryAcknowledged || row.EventID != first.EventID {
+		t.Errorf("row = %v %q, want %v %q", row.State, row.EventID, journal.DeliveryAcknowledged, first.EventID)
+	}
+	if got := len(srv.Visible()); got != 1 {
+		t.Errorf("the room shows the reply %d times, want once", got)
+	}
+	if got := srv.Attempts(claimed.TxnID); got != 0 {
+		t.Errorf("sends through the actor = %d, want none", got)
+	}
+}
+
+func TestARowThisRunClaimedIsRetriedWithoutSearchingTheRoom(t *testing.T) {
+	h := newHarness(t)
+	v := h.principal("helper", "@bot:example.org")
+	srv := newFakeHomeserver("srv")
+	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "reply-1", Content: text("hello")})
+	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv })
+	c := srv.next(h.ctx, t)
+	c.fail(h.ctx, t, &outbox.SendError{Status: 502})
+	srv.next(h.ctx, t).accept(h.ctx, t)
+	a.waitFor(outbox.Acknowledged, "reply-1", journal.StageFinal)
+	if got := srv.Searches(); got != 0 {
+		t.Errorf("searches = %d, want none for a row this run sent", got)
+	}
+	if got := len(srv.Visible()); got != 1 {
+		t.Errorf("the room shows the reply %d times, want once", got)
+	}
+}

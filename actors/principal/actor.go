@@ -1,0 +1,195 @@
+// Package principal is the actor of one configured agent account: it owns
+// the account's sync loop, turns each sync response into one admission
+// batch, reports membership changes to the fence, and offers the
+// principal's pending work to its Agent in receipt order. It starts and
+// stops the principal's own fence and outbox actors, so one principal's slow
+// agent, sync or sends never hold up another's.
+package principal
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/actors/fence"
+	"github.com/mindroomd/mindroomd/actors/outbox"
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// Defaults for Deps.
+const (
+	DefaultSyncTimeout = 30 * time.Second
+	DefaultBackoffBase = time.Second
+	DefaultBackoffMax  = 5 * time.Minute
+	// fenceTimeout bounds a wait for the fence actor; its work is one
+	// journal transaction.
+	fenceTimeout = time.Minute
+)
+
+// Deps are the actor's collaborators.
+type Deps struct {
+	// Store is the principal-bound journal view.
+	Store journal.PrincipalStore
+	// Transport is the homeserver, signed in as the principal's account.
+	Transport Transport
+	// Agent answers the principal's work.
+	Agent Agent
+	// Sender and Reconciler deliver replies; DeviceID is the device the
+	// Transport is signed in as.
+	Sender     outbox.Sender
+	Reconciler outbox.Reconciler
+	DeviceID   string
+	// Hints is the store's after-commit bus.
+	Hints *hint.Bus
+	// AutoJoin accepts room invites.
+	AutoJoin bool
+	Log      zerolog.Logger
+	Now      func() time.Time
+	// SyncTimeout is the long-poll timeout of one sync.
+	SyncTimeout time.Duration
+	// BackoffBase and BackoffMax bound the retry delays of a failed sync
+	// and of a turn whose agent failed.
+	BackoffBase, BackoffMax time.Duration
+	// OnFault, when set, learns of a fault that stopped the actor (the
+	// account's access token stopped working).
+	OnFault func(error)
+}
+
+// Props returns the actor's props. A failure stops the actor, and with it
+// the principal's fence and outbox, instead of restarting them.
+func Props(d Deps) *actor.Props {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.SyncTimeout <= 0 {
+		d.SyncTimeout = DefaultSyncTimeout
+	}
+	if d.BackoffBase <= 0 {
+		d.BackoffBase = DefaultBackoffBase
+	}
+	if d.BackoffMax <= 0 {
+		d.BackoffMax = DefaultBackoffMax
+	}
+	if d.Hints == nil {
+		d.Hints = &hint.Bus{}
+	}
+	return actor.PropsFromProducer(func() actor.Actor { return &principalActor{deps: d} },
+		actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
+}
+
+type principalActor struct {
+	deps   Deps
+	log    zerolog.Logger
+	root   *actor.RootContext
+	fence  *actor.PID
+	outbox *actor.PID
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+}
+
+// Receive implements actor.Actor.
+func (a *principalActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.start(ctx)
+	case *Leave:
+		a.leave(ctx, m)
+	case *stopped:
+		a.log.Error().Err(m.err).Str("loop", m.loop).Msg("Principal stopped")
+		if a.deps.OnFault != nil {
+			a.deps.OnFault(m.err)
+		}
+		ctx.Stop(ctx.Self())
+	case *actor.Stopping:
+		if a.cancel != nil {
+			a.cancel()
+		}
+		a.loops.Wait()
+		// The loops used the fence; the outbox sends on its own.
+		for _, pid := range []*actor.PID{a.outbox, a.fence} {
+			if pid != nil {
+				_ = a.root.StopFuture(pid).Wait()
+			}
+		}
+	}
+}
+
+func (a *principalActor) start(ctx actor.Context) {
+	p := a.deps.Store.Principal()
+	a.log = a.deps.Log.With().Str("principal", p.String()).Logger()
+	a.root = ctx.ActorSystem().Root
+	// The fence and the outbox are actors with supervision of their own
+	// (they stop on failure), so they are spawned beside this one and
+	// stopped with it, not as children.
+	a.fence = a.root.Spawn(fence.Props(fence.Deps{Membership: a.deps.Store, Log: a.log.With().Str("actor", "fence").Logger()}))
+	a.outbox = a.root.Spawn(outbox.Props(outbox.Deps{
+		Outbox: a.deps.Store, Sender: a.deps.Sender, Reconciler: a.deps.Reconciler, DeviceID: a.deps.DeviceID,
+		Hints: a.deps.Hints.Subscribe(p.String()), Now: a.deps.Now, Log: a.log.With().Str("actor", "outbox").Logger(),
+	}))
+	var loopCtx context.Context
+	loopCtx, a.cancel = context.WithCancel(context.Background())
+	self := ctx.Self()
+	run := func(name string, loop func(context.Context) error) {
+		a.loops.Add(1)
+		go func() {
+			defer a.loops.Done()
+			if err := loop(loopCtx); err != nil && loopCtx.Err() == nil {
+				a.root.Send(self, &stopped{loop: name, err: err})
+			}
+		}()
+	}
+	run("sync", a.syncLoop)
+	run("work", a.workLoop)
+}
+
+// leave fences the room, then leaves it on the homeserver, off the actor's
+// goroutine; the reply goes to whoever asked.
+func (a *principalActor) leave(ctx actor.Context, m *Leave) {
+	sender := ctx.Sender()
+	a.loops.Add(1)
+	go func() {
+		defer a.loops.Done()
+		err := a.leaveRoom(context.Background(), m.RoomID)
+		if sender != nil {
+			a.root.Send(sender, &Left{Err: err})
+		}
+	}()
+}
+
+// requestFence asks the fence actor and waits for its answer.
+func requestFence[T any](a *principalActor, msg any) (T, error) {
+	var zero T
+	res, err := a.root.RequestFuture(a.fence, msg, fenceTimeout).Result()
+	if err != nil {
+		return zero, err
+	}
+	return res.(T), nil
+}
+
+// sleep waits d or until ctx ends, reporting whether the wait completed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// backoffAfter is the delay after failures consecutive failures:
+// exponential from base to max, with jitter in its upper half.
+func backoffAfter(failures int, base, max time.Duration) time.Duration {
+	d := base << min(failures-1, 20)
+	if d > max || d <= 0 {
+		d = max
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}

@@ -1,0 +1,484 @@
+package principal_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/actors/outbox"
+	"github.com/mindroomd/mindroomd/actors/principal"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/matrix"
+	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+)
+
+// testDeadline bounds every wait on the homeserver.
+const testDeadline = 60 * time.Second
+
+// hs is the package's homeserver: one real Dendrite for every test, each
+// test with accounts and rooms of its own.
+var hs *dendrite.Server
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "principal-dendrite-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	hs, err = dendrite.Launch(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start dendrite:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = hs.Stop()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var accounts atomic.Int64
+
+// echo is the test Agent: it answers a text message with "echo: <body>",
+// counts how often it was asked about each event, and can be told to fail.
+type echo struct {
+	mu    sync.Mutex
+	asked map[string]int
+	fail  map[string]bool
+}
+
+func newEcho() *echo { return &echo{asked: map[string]int{}, fail: map[string]bool{}} }
+
+func (e *echo) Answer(_ context.Context, turn principal.Turn) (principal.Reply, error) {
+	var ev struct {
+		Type    string `json:"type"`
+		Content struct {
+			Body string `json:"body"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(turn.Event.Event, &ev); err != nil {
+		return principal.Reply{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.asked[turn.Event.EventID]++
+	if e.fail[ev.Content.Body] {
+		return principal.Reply{}, fmt.Errorf("told to fail on %q", ev.Content.Body)
+	}
+	if turn.Event.Kind != journal.KindMessage {
+		return principal.Reply{Ignore: true}, nil
+	}
+	content, _ := json.Marshal(map[string]string{"msgtype": "m.text", "body": "echo: " + ev.Content.Body})
+	return principal.Reply{Content: content}, nil
+}
+
+func (e *echo) timesAsked(eventID string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.asked[eventID]
+}
+
+// fixture is one agent account with its journal, and a person talking to
+// it in a room of their own.
+type fixture struct {
+	t   *testing.T
+	ctx context.Context
+	// homeserver is the URL the agent signs in to (the server, or a proxy
+	// in front of it).
+	homeserver string
+	storage    string
+	bot        dendrite.Account
+	alice      *dendrite.User
+	room       string
+	agent      *echo
+
+	// sender, when set, wraps the agent's outbox sender.
+	sender func(outbox.Sender) outbox.Sender
+
+	system *actor.ActorSystem
+	store  *store.Store
+	view   journal.PrincipalStore
+	client *matrix.Client
+	pid    *actor.PID
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*testDeadline)
+	t.Cleanup(cancel)
+	n := accounts.Add(1)
+	f := &fixture{t: t, ctx: ctx, homeserver: hs.URL, storage: t.TempDir(), agent: newEcho(), system: actors.NewSystem(zerolog.Nop())}
+	f.bot = hs.Register(t, fmt.Sprintf("bot%d", n), "bot-password")
+	f.alice = hs.User(t, hs.Register(t, fmt.Sprintf("alice%d", n), "alice-password"))
+	f.room = f.alice.CreateRoom(f.bot.UserID)
+	return f
+}
+
+// start opens the journal, signs the agent in and starts its principal.
+func (f *fixture) start() {
+	f.t.Helper()
+	s, err := store.Open(f.ctx, store.Options{StorageDir: f.storage})
+	if err != nil {
+		f.t.Fatalf("open store: %v", err)
+	}
+	f.store = s
+	if f.view, err = s.Principal(f.ctx, "echo", f.bot.UserID); err != nil {
+		f.t.Fatal(err)
+	}
+	f.client, err = matrix.Login(f.ctx, matrix.Config{Homeserver: f.homeserver, UserID: f.bot.UserID, Password: f.bot.Password,
+		Agent: "echo", StorageDir: f.storage, Log: zerolog.Nop()})
+	if err != nil {
+		f.t.Fatalf("login: %v", err)
+	}
+	var sender outbox.Sender = matrix.NewSender(f.client)
+	if f.sender != nil {
+		sender = f.sender(sender)
+	}
+	f.pid = f.system.Root.Spawn(principal.Props(principal.Deps{
+		Store: f.view, Transport: f.client, Agent: f.agent,
+		Sender: sender, Reconciler: matrix.NewReconciler(f.client), DeviceID: f.client.DeviceID(),
+		Hints: s.Hints(), AutoJoin: true, Log: testLog(f.t), SyncTimeout: time.Second,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+		OnFault: func(err error) { f.t.Errorf("principal stopped: %v", err) },
+	}))
+	f.t.Cleanup(f.stop)
+}
+
+// stop stops the principal and closes the journal, as a daemon's shutdown
+// does.
+func (f *fixture) stop() {
+	if f.pid == nil {
+		return
+	}
+	if err := f.system.Root.StopFuture(f.pid).Wait(); err != nil {
+		f.t.Errorf("stop principal: %v", err)
+	}
+	f.pid = nil
+	if err := f.store.Close(); err != nil {
+		f.t.Errorf("close store: %v", err)
+	}
+}
+
+// body reads an event's sender and body.
+func body(raw json.RawMessage) (sender, text string) {
+	var ev struct {
+		Sender  string `json:"sender"`
+		Type    string `json:"type"`
+		Content struct {
+			Body       string          `json:"body"`
+			NewContent json.RawMessage `json:"m.new_content"`
+		} `json:"content"`
+	}
+	if json.Unmarshal(raw, &ev) != nil || ev.Type != "m.room.message" || ev.Content.NewContent != nil {
+		return "", ""
+	}
+	return ev.Sender, ev.Content.Body
+}
+
+// awaitReply waits until alice's own sync shows the agent's answer to
+// text.
+func (f *fixture) awaitReply(text string) {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
+	defer cancel()
+	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
+		sender, b := body(raw)
+		return sender == f.bot.UserID && b == "echo: "+text
+	})
+}
+
+// replies counts the agent's messages in the room's history, by body.
+func (f *fixture) replies() map[string]int {
+	f.t.Helper()
+	out := map[string]int{}
+	for _, raw := range f.alice.Messages(f.room) {
+		if sender, b := body(raw); sender == f.bot.UserID {
+			out[b]++
+		}
+	}
+	return out
+}
+
+// awaitJoined waits until the agent has joined the room.
+func (f *fixture) awaitJoined() {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
+	defer cancel()
+	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
+		var ev struct {
+			Type     string `json:"type"`
+			StateKey string `json:"state_key"`
+			Content  struct {
+				Membership string `json:"membership"`
+			} `json:"content"`
+		}
+		return json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == f.bot.UserID &&
+			ev.Content.Membership == "join"
+	})
+}
+
+// screen waits until the conversation page satisfies want, re-reading
+// after each commit of the principal.
+func (f *fixture) screen(want func([]string) bool) []string {
+	f.t.Helper()
+	sub := f.store.Hints().Subscribe(f.view.Principal().String())
+	defer sub.Close()
+	deadline := time.After(testDeadline)
+	for {
+		page, err := f.view.Read(f.ctx, journal.ReadRequest{RoomID: f.room, Limit: 100})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		var got []string
+		for _, m := range page.Messages {
+			var c struct {
+				Body string `json:"body"`
+			}
+			_ = json.Unmarshal(m.Content, &c)
+			got = append(got, c.Body)
+		}
+		if want(got) {
+			return got
+		}
+		select {
+		case <-sub.C():
+		case <-deadline:
+			f.t.Fatalf("the conversation never reached the expected state; last page: %q", got)
+			return nil
+		}
+	}
+}
+
+func contains(xs []string, want ...string) bool {
+	for _, w := range want {
+		found := false
+		for _, x := range xs {
+			found = found || x == w
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func TestAUsersMessageIsAnsweredOnceAndBothAreOnTheConversationPage(t *testing.T) {
+	f := newFixture(t)
+	f.start()
+	f.awaitJoined()
+	q := f.alice.SendText(f.room, "hello")
+	f.awaitReply("hello")
+	if got := f.replies(); got["echo: hello"] != 1 || len(got) != 1 {
+		t.Fatalf("the room shows the agent's messages %v, want one answer", got)
+	}
+	f.screen(func(s []string) bool { return contains(s, "hello", "echo: hello") })
+	if n := f.agent.timesAsked(q); n != 1 {
+		t.Fatalf("the agent was asked about the message %d times, want once", n)
+	}
+}
+
+func TestEditsAndRedactionsReachThePageAndARedactedBodyIsNeverServed(t *testing.T) {
+	f := newFixture(t)
+	f.start()
+	f.awaitJoined()
+	first := f.alice.SendText(f.room, "first draft")
+	second := f.alice.SendText(f.room, "secret words")
+	f.awaitReply("secret words")
+	f.alice.Edit(f.room, first, "first, edited")
+	f.alice.Redact(f.room, second)
+	got := f.screen(func(s []string) bool { return contains(s, "first, edited") && !contains(s, "secret words") })
+	for _, b := range got {
+		if strings.Contains(b, "secret") && !strings.HasPrefix(b, "echo: ") {
+			t.Fatalf("the page still serves the redacted words: %q", got)
+		}
+	}
+}
+
+func TestARestartAnswersWhatCameMeanwhileAndNothingTwice(t *testing.T) {
+	f := newFixture(t)
+	f.start()
+	f.awaitJoined()
+	f.alice.SendText(f.room, "one")
+	f.awaitReply("one")
+	device := f.client.DeviceID()
+	f.stop()
+
+	f.alice.SendText(f.room, "two")
+	f.alice.SendText(f.room, "three")
+	f.start()
+	f.awaitReply("two")
+	f.awaitReply("three")
+	if got := f.client.DeviceID(); got != device {
+		t.Fatalf("device after the restart = %q, want the same %q", got, device)
+	}
+	f.alice.SendText(f.room, "four")
+	f.awaitReply("four")
+	want := map[string]int{"echo: one": 1, "echo: two": 1, "echo: three": 1, "echo: four": 1}
+	if got := f.replies(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("answers in the room = %v, want %v", got, want)
+	}
+}
+
+func TestAFailingTurnIsRetriedWhileTheNextMessageIsAnswered(t *testing.T) {
+	f := newFixture(t)
+	f.agent.fail["flaky"] = true
+	f.start()
+	f.awaitJoined()
+	flaky := f.alice.SendText(f.room, "flaky")
+	f.alice.SendText(f.room, "steady")
+	f.awaitReply("steady")
+	f.agent.mu.Lock()
+	asked := f.agent.asked[flaky]
+	f.agent.fail["flaky"] = false
+	f.agent.mu.Unlock()
+	if asked == 0 {
+		t.Fatalf("the failing turn was never offered")
+	}
+	f.awaitReply("flaky")
+	if got := f.replies(); got["echo: flaky"] != 1 || got["echo: steady"] != 1 {
+		t.Fatalf("answers = %v, want one each", got)
+	}
+}
+
+func TestNothingOfAnEndedMembershipIsAnsweredAfterARejoin(t *testing.T) {
+	f := newFixture(t)
+	f.agent.fail["before the leave"] = true // it stays pending through the leave
+	f.start()
+	f.awaitJoined()
+	f.alice.SendText(f.room, "before the leave")
+	f.alice.SendText(f.room, "answered")
+	f.awaitReply("answered")
+
+	res, err := f.system.Root.RequestFuture(f.pid, &principal.Leave{RoomID: f.room}, testDeadline).Result()
+	if err != nil || res.(*principal.Left).Err != nil {
+		t.Fatalf("leave: %v %v", err, res)
+	}
+	f.agent.mu.Lock()
+	f.agent.fail["before the leave"] = false
+	f.agent.mu.Unlock()
+	f.alice.Invite(f.room, f.bot.UserID)
+	f.awaitJoinedAgain()
+	f.alice.SendText(f.room, "after the rejoin")
+	f.awaitReply("after the rejoin")
+	if got := f.replies(); got["echo: before the leave"] != 0 || got["echo: after the rejoin"] != 1 || got["echo: answered"] != 1 {
+		t.Fatalf("answers = %v, want none for the old membership's pending work", got)
+	}
+}
+
+// awaitJoinedAgain waits for the agent's second join of the room.
+func (f *fixture) awaitJoinedAgain() {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
+	defer cancel()
+	joins := 0
+	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
+		var ev struct {
+			Type     string `json:"type"`
+			StateKey string `json:"state_key"`
+			Content  struct {
+				Membership string `json:"membership"`
+			} `json:"content"`
+		}
+		if json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == f.bot.UserID && ev.Content.Membership == "join" {
+			joins++
+		}
+		return joins == 2
+	})
+}
+
+// testLog writes the principal's log into the test's output when
+// MINDROOMD_TEST_LOG is set.
+func testLog(t *testing.T) zerolog.Logger {
+	if os.Getenv("MINDROOMD_TEST_LOG") == "" {
+		return zerolog.Nop()
+	}
+	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
+}
+
+// lostAcks sends through the real sender, then reports a network failure:
+// the reply is in the room, but the process never learns it.
+type lostAcks struct {
+	outbox.Sender
+	sent chan string
+}
+
+func (l lostAcks) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
+	rec, err := l.Sender.Send(ctx, d, content)
+	if err == nil {
+		select {
+		case l.sent <- rec.EventID:
+		default:
+		}
+		err = &outbox.SendError{Err: errors.New("connection reset after the send")}
+	}
+	return journal.Sent{}, err
+}
+
+// awaitDelivery waits until the reply to source is acknowledged and
+// returns its event ID.
+func (f *fixture) awaitDelivery(source string) string {
+	f.t.Helper()
+	sub := f.store.Hints().Subscribe(f.view.Principal().String())
+	defer sub.Close()
+	deadline := time.After(testDeadline)
+	for {
+		d, err := f.view.Delivery(f.ctx, "reply:"+source, journal.StageFinal)
+		if err == nil && d.State == journal.DeliveryAcknowledged {
+			return d.EventID
+		}
+		select {
+		case <-sub.C():
+		case <-deadline:
+			f.t.Fatalf("the reply to %s was never acknowledged (last: %+v, %v)", source, d, err)
+			return ""
+		}
+	}
+}
+
+func TestAReplySentBeforeAReloginOnANewDeviceIsShownOnce(t *testing.T) {
+	f := newFixture(t)
+	sent := make(chan string, 1)
+	f.sender = func(s outbox.Sender) outbox.Sender { return lostAcks{Sender: s, sent: sent} }
+	f.start()
+	f.awaitJoined()
+	q := f.alice.SendText(f.room, "question")
+	var first string
+	select {
+	case first = <-sent:
+	case <-time.After(testDeadline):
+		t.Fatal("the reply was never sent")
+	}
+	oldDevice := f.client.DeviceID()
+	f.stop()
+
+	// A new login: the stored session is gone, so the password login gets
+	// a device of its own, on which the server's transaction memory is new.
+	if err := os.RemoveAll(filepath.Join(f.storage, "matrix")); err != nil {
+		t.Fatal(err)
+	}
+	f.sender = nil
+	f.start()
+	if f.client.DeviceID() == oldDevice {
+		t.Fatalf("the new login kept device %s; the test needs a new one", oldDevice)
+	}
+	if got := f.awaitDelivery(q); got != first {
+		t.Fatalf("acknowledged as %s, want the reply already in the room, %s", got, first)
+	}
+	f.alice.SendText(f.room, "next")
+	f.awaitReply("next")
+	if got := f.replies(); got["echo: question"] != 1 || got["echo: next"] != 1 {
+		t.Fatalf("answers = %v, want each once", got)
+	}
+}

@@ -1,0 +1,229 @@
+package principal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mindroomd/mindroomd/actors/fence"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/matrix"
+)
+
+// Transport is the homeserver as a principal's loops use it, signed in as
+// the principal's account (matrix.Client).
+type Transport interface {
+	// UserID is the account's Matrix user ID.
+	UserID() string
+	Sync(ctx context.Context, since string, timeout time.Duration) (*matrix.SyncBatch, error)
+	Messages(ctx context.Context, room, from string, dir matrix.Direction, limit int) (matrix.MessagesPage, error)
+	Join(ctx context.Context, room string) (string, error)
+	Leave(ctx context.Context, room string) error
+}
+
+// Gap filling: a limited timeline is filled backwards from its prev_batch
+// until an event the journal already holds, in pages of gapPage, and at
+// most gapEvents events, so a long absence cannot make one batch unbounded.
+const (
+	gapPage   = 100
+	gapEvents = 1000
+)
+
+// syncLoop long-polls the homeserver and admits each response as one
+// batch with its next_batch token. The token advances only with a commit:
+// a batch that fails is fetched again from the same token. It returns an
+// error only for a fault it cannot retry (the token was revoked).
+func (a *principalActor) syncLoop(ctx context.Context) error {
+	since, err := a.deps.Store.SyncToken(ctx)
+	if err != nil {
+		return fmt.Errorf("read sync token: %w", err)
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		batch, err := a.deps.Transport.Sync(ctx, since, a.deps.SyncTimeout)
+		if err == nil {
+			err = a.apply(ctx, since, batch)
+		}
+		switch {
+		case err == nil:
+			since, failures = batch.NextBatch, 0
+			continue
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, matrix.ErrInvalidToken):
+			return err
+		}
+		failures++
+		delay := backoffAfter(failures, a.deps.BackoffBase, a.deps.BackoffMax)
+		a.log.Warn().Err(err).Int("failures", failures).Dur("retry_in", delay).Msg("Sync failed; retrying from the same token")
+		if !sleep(ctx, delay) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// apply admits one sync response. Membership changes of the principal's
+// own account go to the fence first, so the events after them are
+// admitted under the membership they belong to; the first sync (no token
+// yet) is history and owes nothing; events behind a limited timeline's gap
+// are recovered, and answered like live ones.
+func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.SyncBatch) error {
+	prov := journal.Live
+	if since == "" {
+		prov = journal.History
+	}
+	var in []journal.Inbound
+	for _, rooms := range [][]matrix.RoomTimeline{batch.Left, batch.Joined} {
+		for _, r := range rooms {
+			if err := a.observeMembership(ctx, r, prov); err != nil {
+				return err
+			}
+			if r.Limited && prov == journal.Live && r.PrevBatch != "" {
+				gap, err := a.fillGap(ctx, r)
+				if err != nil {
+					return fmt.Errorf("fill gap in %s: %w", r.RoomID, err)
+				}
+				in = append(in, gap...)
+			}
+			for _, ev := range r.Events {
+				in = append(in, journal.Inbound{RoomID: r.RoomID, Provenance: prov, Event: ev})
+			}
+		}
+	}
+	res, err := a.deps.Store.AdmitBatch(ctx, in, batch.NextBatch)
+	if err != nil {
+		return fmt.Errorf("admit: %w", err)
+	}
+	for _, r := range res {
+		if r.Outcome == journal.Rejected {
+			a.log.Warn().Str("event_id", r.EventID).Err(r.Err).Msg("Malformed event recorded and skipped")
+		}
+	}
+	if a.deps.AutoJoin {
+		for _, room := range batch.Invited {
+			a.join(ctx, room)
+		}
+	}
+	return nil
+}
+
+// observeMembership applies the principal's own membership events of one
+// timeline, in order: a leave, kick or ban fences, a join ends the
+// departure. Each is keyed by its event ID, so a batch fetched again after
+// a crash applies nothing twice.
+func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTimeline, prov journal.Provenance) error {
+	self := a.deps.Transport.UserID()
+	for _, raw := range r.Events {
+		ev, err := journal.ParseEvent(journal.Inbound{RoomID: r.RoomID, Provenance: prov, Event: raw}, a.deps.Now())
+		if err != nil || ev.Kind != journal.KindMembership || ev.StateKey == nil || *ev.StateKey != self {
+			continue // admission records what is malformed
+		}
+		switch ev.Membership {
+		case "join":
+			res, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: r.RoomID, ObservationID: ev.ID})
+			if err == nil {
+				err = res.Err
+			}
+			if err != nil {
+				return fmt.Errorf("record join of %s: %w", r.RoomID, err)
+			}
+		case "leave", "ban":
+			source := journal.DepartureReported
+			if ev.Sender != self {
+				source = journal.DepartureRemoved
+			}
+			res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: r.RoomID, Source: source, ObservationID: ev.ID})
+			if err == nil {
+				err = res.Err
+			}
+			if err != nil {
+				return fmt.Errorf("fence %s: %w", r.RoomID, err)
+			}
+			a.log.Info().Str("room_id", r.RoomID).Stringer("outcome", res.Outcome).Msg("Departure reported by sync")
+		}
+	}
+	return nil
+}
+
+// fillGap fetches the events a limited timeline skipped, newest first from
+// its prev_batch, until one the journal already holds, and returns them
+// oldest first as recovered.
+func (a *principalActor) fillGap(ctx context.Context, r matrix.RoomTimeline) ([]journal.Inbound, error) {
+	var gap []json.RawMessage
+	from := r.PrevBatch
+	for len(gap) < gapEvents && from != "" {
+		page, err := a.deps.Transport.Messages(ctx, r.RoomID, from, matrix.Backward, gapPage)
+		if err != nil {
+			return nil, err
+		}
+		for _, raw := range page.Chunk {
+			// A malformed event is kept: admission records and skips it.
+			if ev, err := journal.ParseEvent(journal.Inbound{RoomID: r.RoomID, Provenance: journal.Recovered, Event: raw}, a.deps.Now()); err == nil {
+				if _, seen, err := a.deps.Store.AdmittedThreadID(ctx, r.RoomID, ev.ID); err != nil {
+					return nil, err
+				} else if seen {
+					return recovered(r.RoomID, gap), nil
+				}
+			}
+			gap = append(gap, raw)
+		}
+		if len(page.Chunk) == 0 || page.End == from {
+			break
+		}
+		from = page.End
+	}
+	if len(gap) >= gapEvents {
+		a.log.Warn().Str("room_id", r.RoomID).Int("events", len(gap)).Msg("Sync gap longer than the fill bound; older missed events are not recovered")
+	}
+	return recovered(r.RoomID, gap), nil
+}
+
+// recovered turns a newest-first list into recovered inbound events,
+// oldest first.
+func recovered(room string, newestFirst []json.RawMessage) []journal.Inbound {
+	out := make([]journal.Inbound, len(newestFirst))
+	for i, raw := range newestFirst {
+		out[len(out)-1-i] = journal.Inbound{RoomID: room, Provenance: journal.Recovered, Event: raw}
+	}
+	return out
+}
+
+// join accepts an invite. The join's own event arrives by sync later and
+// is recorded then; recording it now as well means what the same sync's
+// next batches bring is already under the new membership.
+func (a *principalActor) join(ctx context.Context, room string) {
+	if _, err := a.deps.Transport.Join(ctx, room); err != nil {
+		a.log.Warn().Err(err).Str("room_id", room).Msg("Accepting an invite failed; the next sync offers it again")
+		return
+	}
+	res, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: room})
+	if err == nil {
+		err = res.Err
+	}
+	if err != nil {
+		a.log.Error().Err(err).Str("room_id", room).Msg("Recording a join failed")
+		return
+	}
+	a.log.Info().Str("room_id", room).Msg("Invite accepted")
+}
+
+// leaveRoom is a local leave: the fence first, so nothing of the ending
+// membership is answered or sent afterwards, then the homeserver. The sync
+// echo of the leave later consumes the report the fence owes.
+func (a *principalActor) leaveRoom(ctx context.Context, room string) error {
+	res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: room, Source: journal.DepartureLocal})
+	if err == nil {
+		err = res.Err
+	}
+	if err != nil {
+		return fmt.Errorf("fence %s: %w", room, err)
+	}
+	if err := a.deps.Transport.Leave(ctx, room); err != nil {
+		return fmt.Errorf("leave %s: %w", room, err)
+	}
+	a.log.Info().Str("room_id", room).Msg("Left room")
+	return nil
+}

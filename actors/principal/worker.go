@@ -1,0 +1,183 @@
+package principal
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// workPage is how many pending events one read of the backlog takes.
+const workPage = 64
+
+// retry is a turn whose agent failed, waiting out its backoff.
+type retry struct {
+	failures int
+	until    time.Time
+}
+
+// workLoop offers the principal's pending work to the agent in receipt
+// order, after every commit that may have added some and whenever a failed
+// turn's backoff ends. A failed turn waits alone: the events behind it are
+// offered meanwhile.
+func (a *principalActor) workLoop(ctx context.Context) error {
+	sub := a.deps.Hints.Subscribe(a.deps.Store.Principal().String())
+	defer sub.Close()
+	retries := make(map[string]retry)
+	for {
+		next, err := a.offerBacklog(ctx, retries)
+		if err != nil && ctx.Err() == nil {
+			a.log.Error().Err(err).Msg("Reading pending work failed")
+			next = a.deps.Now().Add(a.deps.BackoffBase)
+		}
+		var (
+			due   <-chan time.Time
+			timer *time.Timer
+		)
+		if !next.IsZero() {
+			timer = time.NewTimer(max(next.Sub(a.deps.Now()), 0))
+			due = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-sub.C():
+		case <-due:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// offerBacklog offers every pending event not waiting out a backoff, once,
+// and returns when the earliest backoff ends (zero when none waits).
+func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]retry) (time.Time, error) {
+	var (
+		after int64
+		next  time.Time
+	)
+	for {
+		page, err := a.deps.Store.Pending(ctx, workPage, after)
+		if err != nil {
+			return next, err
+		}
+		for _, u := range page.Unreadable {
+			a.log.Error().Err(u.Err).Str("event_id", u.EventID).Msg("Pending event unreadable; skipped")
+		}
+		for _, e := range page.Events {
+			if ctx.Err() != nil {
+				return next, nil
+			}
+			if r, ok := retries[e.EventID]; ok && r.until.After(a.deps.Now()) {
+				next = earliest(next, r.until)
+				continue
+			}
+			if err := a.offer(ctx, e); err != nil {
+				if ctx.Err() != nil {
+					return next, nil
+				}
+				r := retries[e.EventID]
+				r.failures++
+				r.until = a.deps.Now().Add(backoffAfter(r.failures, a.deps.BackoffBase, a.deps.BackoffMax))
+				retries[e.EventID] = r
+				next = earliest(next, r.until)
+				a.log.Warn().Err(err).Str("event_id", e.EventID).Int("failures", r.failures).
+					Time("retry_at", r.until).Msg("Turn failed; the event stays pending")
+				continue
+			}
+			delete(retries, e.EventID)
+		}
+		if !page.More {
+			return next, nil
+		}
+		after = page.Next
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// deliveryID names the reply to a source event: the same on every attempt,
+// so a turn retried after a crash updates or finds its one outbox row.
+func deliveryID(eventID string) string { return "reply:" + eventID }
+
+// offer runs one turn: the agent's answer is made durable in the turn
+// record before the reply is enqueued, so a crash in between never asks the
+// agent again; the enqueue settles the event in the same transaction.
+func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) error {
+	thread, _, err := a.deps.Store.AdmittedThreadID(ctx, e.RoomID, e.EventID)
+	if err != nil {
+		return fmt.Errorf("read thread: %w", err)
+	}
+	id := deliveryID(e.EventID)
+	rec, answered, err := a.deps.Store.TurnForEvent(ctx, e.EventID)
+	if err != nil {
+		return fmt.Errorf("read turn record: %w", err)
+	}
+	var content json.RawMessage
+	switch {
+	case answered && rec.State == journal.TurnDelivered:
+		_, err := a.deps.Store.Settle(ctx, e.EventID)
+		return err
+	case answered:
+		content = rec.Record
+	default:
+		reply, err := a.deps.Agent.Answer(ctx, Turn{Event: e, Thread: thread, Conversation: a.deps.Store})
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		if reply.Ignore {
+			_, err := a.deps.Store.Settle(ctx, e.EventID)
+			return err
+		}
+		if content, err = replyContent(reply.Content, e.EventID, thread); err != nil {
+			return err
+		}
+		if err := a.deps.Store.UpsertTurn(ctx, journal.TurnRecord{TurnID: id, RoomID: e.RoomID,
+			State: journal.TurnResultRecorded, Sources: []string{e.EventID}, Record: content}); err != nil {
+			return fmt.Errorf("record turn: %w", err)
+		}
+	}
+	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal,
+		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}})
+	if errors.Is(err, journal.ErrMembershipEnded) || errors.Is(err, journal.ErrDeliveryRetired) {
+		// The membership that asked has ended: nothing may answer it now.
+		a.log.Info().Err(err).Str("event_id", e.EventID).Msg("Turn dropped: its membership ended")
+		_, err = a.deps.Store.Settle(ctx, e.EventID)
+	}
+	return err
+}
+
+// replyContent relates the agent's content to the event it answers: in the
+// event's thread when it has one (with the event as the fallback reply),
+// as a reply to it otherwise. Content that already names a relation keeps
+// it.
+func replyContent(content json.RawMessage, source string, thread *string) (json.RawMessage, error) {
+	var c map[string]any
+	dec := json.NewDecoder(bytes.NewReader(content))
+	dec.UseNumber()
+	if err := dec.Decode(&c); err != nil || c == nil {
+		return nil, fmt.Errorf("%w: agent reply content must be a JSON object", journal.ErrInvalidArgument)
+	}
+	if _, ok := c["m.relates_to"]; !ok {
+		reply := map[string]any{"event_id": source}
+		if thread != nil {
+			c["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": *thread,
+				"is_falling_back": true, "m.in_reply_to": reply}
+		} else {
+			c["m.relates_to"] = map[string]any{"m.in_reply_to": reply}
+		}
+	}
+	return json.Marshal(c)
+}

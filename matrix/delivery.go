@@ -1,0 +1,189 @@
+package matrix
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/mindroomd/mindroomd/actors/outbox"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// Sender sends deliveries for the outbox (outbox.Sender).
+type Sender struct {
+	c *Client
+}
+
+var _ outbox.Sender = (*Sender)(nil)
+
+// NewSender returns the outbox's sender over c.
+func NewSender(c *Client) *Sender { return &Sender{c: c} }
+
+// Send puts the delivery's wire content into its room under its frozen
+// transaction ID, then fetches the event to learn the server's timestamp,
+// which orders the reply's projection. A failed fetch still acknowledges
+// the send, with ServerTS zero: the sync echo carries the timestamp.
+func (s *Sender) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
+	eventID, err := s.c.Send(ctx, d.RoomID, d.EventType, d.TxnID, content)
+	if err != nil {
+		return journal.Sent{}, sendError(err)
+	}
+	sent := journal.Sent{EventID: eventID}
+	if !journal.ValidEventID(eventID) {
+		// Nothing to fetch; the outbox refuses the answer.
+		return sent, nil
+	}
+	raw, err := s.fetchSent(ctx, d.RoomID, eventID)
+	if err != nil {
+		s.c.log.Warn().Err(err).Str("delivery_id", d.DeliveryID).Str("event_id", eventID).
+			Msg("Fetching a sent event failed; its sync echo will order it")
+		return sent, nil
+	}
+	e, err := readEvent(raw)
+	if err != nil || e.EventID != eventID || e.TS <= 0 {
+		s.c.log.Warn().Err(err).Str("delivery_id", d.DeliveryID).Str("event_id", eventID).
+			Msg("A sent event came back without its ID or timestamp; its sync echo will order it")
+		return sent, nil
+	}
+	sent.ServerTS = e.TS
+	return sent, nil
+}
+
+// Dendrite answers a send before the event can be fetched: GET /event is
+// served from its sync store, which it fills right after. A fetch that
+// finds nothing is retried a few times, waiting fetchBackoff, then twice
+// as long each time (about 2.5 s in all), before the timestamp is left to
+// the sync echo.
+const (
+	fetchAttempts = 8
+	fetchBackoff  = 20 * time.Millisecond
+)
+
+// fetchSent fetches an event just sent, waiting for it to become readable.
+func (s *Sender) fetchSent(ctx context.Context, room, eventID string) (json.RawMessage, error) {
+	wait := fetchBackoff
+	for attempt := 1; ; attempt++ {
+		raw, err := s.c.Event(ctx, room, eventID)
+		var he *HTTPError
+		if err == nil || attempt == fetchAttempts || !errors.As(err, &he) || he.Status != http.StatusNotFound {
+			return raw, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
+// sendError gives the outbox the homeserver's answer: a refusal's status
+// and requested wait, or status 0 for anything that never got an answer
+// (the network, a deadline), which the outbox retries.
+func sendError(err error) error {
+	var he *HTTPError
+	if errors.As(err, &he) {
+		return &outbox.SendError{Status: he.Status, RetryAfter: he.RetryAfter, Err: err}
+	}
+	return &outbox.SendError{Err: err}
+}
+
+// DefaultReconcileWindow is how many of a room's most recent events a
+// reconciliation searches. A delivery is reconciled soon after the restart
+// that changed the device, so its copy, if it was sent, is among the
+// room's latest events unless the room is very busy.
+const DefaultReconcileWindow = 500
+
+// reconcilePage is the page size of a reconciliation's walk (Dendrite caps
+// /messages at 100 events a page).
+const reconcilePage = 100
+
+// Reconciler looks for a delivery's copy in its room by the delivery
+// marker in its content (outbox.Reconciler). The homeserver's transaction
+// ID dedup is per device, and only the sending device sees
+// unsigned.transaction_id, so after a device change the marker is the only
+// sure sign a send went through.
+type Reconciler struct {
+	c *Client
+	// Window is how many of the room's most recent events are searched
+	// (DefaultReconcileWindow).
+	Window int
+}
+
+var _ outbox.Reconciler = (*Reconciler)(nil)
+
+// NewReconciler returns the outbox's reconciler over c.
+func NewReconciler(c *Client) *Reconciler {
+	return &Reconciler{c: c, Window: DefaultReconcileWindow}
+}
+
+// Find walks the room's history backwards from the newest event, at most
+// Window events deep, and reports the first event the agent sent with the
+// delivery's type whose top-level content carries d's marker. For an edit
+// that is the edit's own content, not its m.new_content. A copy since
+// redacted has lost its content and is not found.
+//
+// The walk filters on the client: Dendrite applies a /messages filter
+// after cutting the page and ends the walk at the first page the filter
+// empties, so a server-side filter would stop at the first page of other
+// people's messages.
+func (r *Reconciler) Find(ctx context.Context, d journal.Delivery) (journal.Sent, bool, error) {
+	from := ""
+	for searched := 0; searched < r.Window; {
+		page, err := r.c.Messages(ctx, d.RoomID, from, Backward, min(reconcilePage, r.Window-searched))
+		if err != nil {
+			return journal.Sent{}, false, fmt.Errorf("reconcile %s: %w", d.DeliveryID, err)
+		}
+		for _, raw := range page.Chunk {
+			if e, err := readEvent(raw); err == nil && r.carries(e, d) {
+				return journal.Sent{EventID: e.EventID, ServerTS: e.TS}, true, nil
+			}
+		}
+		searched += len(page.Chunk)
+		if len(page.Chunk) == 0 || page.End == "" {
+			break
+		}
+		from = page.End
+	}
+	return journal.Sent{}, false, nil
+}
+
+// carries reports whether e is the agent's copy of d.
+func (r *Reconciler) carries(e event, d journal.Delivery) bool {
+	if e.Sender != r.c.UserID() || e.Type != d.EventType || e.TS <= 0 || !journal.ValidEventID(e.EventID) {
+		return false
+	}
+	var content map[string]json.RawMessage
+	if json.Unmarshal(e.Content, &content) != nil {
+		return false
+	}
+	var marker map[string]json.RawMessage
+	if json.Unmarshal(content[journal.DeliveryKey], &marker) != nil {
+		return false
+	}
+	var deliveryID, stage string
+	return json.Unmarshal(marker["delivery_id"], &deliveryID) == nil && deliveryID == d.DeliveryID &&
+		json.Unmarshal(marker["stage"], &stage) == nil && stage == d.Stage.String()
+}
+
+// event is the part of an event the port reads.
+type event struct {
+	EventID string          `json:"event_id"`
+	Type    string          `json:"type"`
+	Sender  string          `json:"sender"`
+	TS      int64           `json:"origin_server_ts"`
+	Content json.RawMessage `json:"content"`
+}
+
+func readEvent(raw json.RawMessage) (event, error) {
+	var e event
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return event{}, fmt.Errorf("read event: %w", err)
+	}
+	return e, nil
+}
