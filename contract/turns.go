@@ -15,6 +15,25 @@ import (
 // paged for a warm-up, completed by the answer's acknowledgement, and never
 // lost across a restart so a finished model call is not run again.
 func TestTurnRecords(t *testing.T, f Factory) {
+	t.Run("AnEnqueueCarryingItsTurnRecordWritesBothOrNeither", func(t *testing.T) {
+		x := newDFX(t, f)
+		x.admit(x.v, dRoom, dText("$q1", 1000, "question"), dText("$q2", 1001, "another"))
+		rec := journal.TurnRecord{TurnID: "turn-1", RoomID: dRoom, State: journal.TurnResultRecorded,
+			Sources: []string{"$q1"}, Record: json.RawMessage(`{"answer":"recorded"}`)}
+		req := answer("d1", journal.StageFinal, dRoom, "answer", "$q1")
+		req.TurnID, req.Turn = "turn-1", &rec
+		x.enqueue(x.v, req)
+		same(t, "turn", x.turnFor(x.v, "$q1"), "turn-1 1 ")
+		same(t, "pending", x.pendingIDs(x.v), []string{"$q2"})
+
+		x.fence(x.v, dRoom, journal.DepartureLocal, "")
+		refused := answer("d2", journal.StageFinal, dRoom, "late", "$q2")
+		refused.TurnID, refused.Turn = "turn-2", &journal.TurnRecord{TurnID: "turn-2", RoomID: dRoom,
+			State: journal.TurnResultRecorded, Sources: []string{"$q2"}, Record: json.RawMessage(`{}`)}
+		x.refuse(x.v, refused, journal.ErrMembershipEnded)
+		same(t, "turn of the refused enqueue", x.turnFor(x.v, "$q2"), "none")
+	})
+
 	t.Run("ARecordIsReachableFromEveryEventThatIndexesIt", func(t *testing.T) {
 		x := newDFX(t, f)
 		x.upsertTurn(x.v, journal.TurnRecord{TurnID: "turn-1", RoomID: dRoom, State: journal.TurnResultRecorded,

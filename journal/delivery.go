@@ -121,6 +121,10 @@ type EnqueueRequest struct {
 	// with the enqueue. A source-less delivery takes the room's current
 	// membership.
 	Sources []string
+	// Turn, when set, is the turn record of the answer, written in the same
+	// transaction just before the enqueue: the answer is never enqueued
+	// without its durable record, and one commit does both.
+	Turn *TurnRecord
 }
 
 // Validate refuses a request the outbox must not accept: anything the

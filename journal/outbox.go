@@ -38,6 +38,8 @@ type OutboxStore interface {
 	MarkAcknowledged(d Delivery, eventID string) error
 	// AssignDevice moves the attempted row d to deviceID.
 	AssignDevice(d Delivery, deviceID string) error
+	// RecordTurn writes a turn record.
+	RecordTurn(rec TurnRecord) error
 	// CompleteTurn marks the turn delivered with the answer's event ID.
 	CompleteTurn(turnID, eventID string) error
 	// ProjectDelivered admits the delivered event as its sync echo reads,
@@ -126,6 +128,11 @@ func EnqueueStage(s OutboxStore, p Principal, req EnqueueRequest) (EnqueueResult
 		return res, fmt.Errorf("%w: stage %s was enqueued under epoch %d", ErrMembershipEnded, other.Stage, other.Epoch)
 	}
 
+	if req.Turn != nil {
+		if err := s.RecordTurn(*req.Turn); err != nil {
+			return res, fmt.Errorf("record turn: %w", err)
+		}
+	}
 	res.TxnID, res.Epoch = TxnID(p, req.DeliveryID, req.Stage), epoch
 	switch {
 	case !exists:

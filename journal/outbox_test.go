@@ -86,6 +86,10 @@ func (m *memOutbox) AssignDevice(d journal.Delivery, device string) error {
 	m.rows[rowKey(d.DeliveryID, d.Stage)].DeviceID = device
 	return nil
 }
+func (m *memOutbox) RecordTurn(rec journal.TurnRecord) error {
+	m.turns[rec.TurnID] = ""
+	return nil
+}
 func (m *memOutbox) CompleteTurn(turn, eventID string) error {
 	m.turns[turn] = eventID
 	return nil

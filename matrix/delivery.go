@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"time"
 
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
@@ -52,34 +50,13 @@ func (s *Sender) Send(ctx context.Context, d journal.Delivery, content json.RawM
 	return sent, nil
 }
 
-// Dendrite answers a send before the event can be fetched: GET /event is
-// served from its sync store, which it fills right after. A fetch that
-// finds nothing is retried a few times, waiting fetchBackoff, then twice
-// as long each time (about 2.5 s in all), before the timestamp is left to
-// the sync echo.
-const (
-	fetchAttempts = 8
-	fetchBackoff  = 20 * time.Millisecond
-)
-
-// fetchSent fetches an event just sent, waiting for it to become readable.
+// fetchSent fetches an event just sent, once. Dendrite answers a send
+// before the event can be read (GET /event is served from its sync store,
+// filled right after), and waiting for it would hold the principal's next
+// send: an event not readable yet is left to its sync echo, which carries
+// the same timestamp.
 func (s *Sender) fetchSent(ctx context.Context, room, eventID string) (json.RawMessage, error) {
-	wait := fetchBackoff
-	for attempt := 1; ; attempt++ {
-		raw, err := s.c.Event(ctx, room, eventID)
-		var he *HTTPError
-		if err == nil || attempt == fetchAttempts || !errors.As(err, &he) || he.Status != http.StatusNotFound {
-			return raw, err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, err
-		case <-t.C:
-		}
-		wait *= 2
-	}
+	return s.c.Event(ctx, room, eventID)
 }
 
 // sendError gives the outbox the homeserver's answer: a refusal's status

@@ -167,6 +167,9 @@ func (o outbox) AssignDevice(d journal.Delivery, deviceID string) error {
 	return err
 }
 
+// RecordTurn implements journal.OutboxStore.
+func (o outbox) RecordTurn(rec journal.TurnRecord) error { return UpsertTurn(o.tx, o.p.Agent, rec) }
+
 // CompleteTurn implements journal.OutboxStore.
 func (o outbox) CompleteTurn(turnID, eventID string) error {
 	return completeTurn(o.tx, o.p.Agent, turnID, eventID)

@@ -365,6 +365,7 @@ func TestNothingOfAnEndedMembershipIsAnsweredAfterARejoin(t *testing.T) {
 	if err != nil || res.(*principal.Left).Err != nil {
 		t.Fatalf("leave: %v %v", err, res)
 	}
+	f.awaitNoOwedReports() // the sync echo of the leave consumed what the fence owed
 	f.agent.mu.Lock()
 	f.agent.fail["before the leave"] = false
 	f.agent.mu.Unlock()
@@ -374,6 +375,28 @@ func TestNothingOfAnEndedMembershipIsAnsweredAfterARejoin(t *testing.T) {
 	f.awaitReply("after the rejoin")
 	if got := f.replies(); got["echo: before the leave"] != 0 || got["echo: after the rejoin"] != 1 || got["echo: answered"] != 1 {
 		t.Fatalf("answers = %v, want none for the old membership's pending work", got)
+	}
+}
+
+// awaitNoOwedReports waits until the principal owes no departure echo.
+func (f *fixture) awaitNoOwedReports() {
+	f.t.Helper()
+	sub := f.store.Hints().Subscribe(f.view.Principal().String())
+	defer sub.Close()
+	deadline := time.After(testDeadline)
+	for {
+		rooms, err := f.view.RoomsOwingDepartureReports(f.ctx)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if len(rooms) == 0 {
+			return
+		}
+		select {
+		case <-sub.C():
+		case <-deadline:
+			f.t.Fatalf("departure reports still owed for %v", rooms)
+		}
 	}
 }
 
@@ -481,4 +504,61 @@ func TestAReplySentBeforeAReloginOnANewDeviceIsShownOnce(t *testing.T) {
 	if got := f.replies(); got["echo: question"] != 1 || got["echo: next"] != 1 {
 		t.Fatalf("answers = %v, want each once", got)
 	}
+}
+
+// blocking is an agent that never answers until released; asked learns
+// when it was first asked.
+type blocking struct{ asked, release chan struct{} }
+
+func (b blocking) Answer(ctx context.Context, _ principal.Turn) (principal.Reply, error) {
+	select {
+	case b.asked <- struct{}{}:
+	default:
+	}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+	}
+	return principal.Reply{}, errors.New("released without an answer")
+}
+
+func TestOneAgentThatNeverAnswersDoesNotHoldUpAnother(t *testing.T) {
+	f := newFixture(t) // the answering agent, on f's journal
+	f.start()
+	f.awaitJoined()
+
+	// A second agent account on the same journal, whose agent hangs.
+	stuckAcct := hs.Register(t, fmt.Sprintf("stuck%d", accounts.Add(1)), "stuck-password")
+	stuckRoom := f.alice.CreateRoom(stuckAcct.UserID)
+	view, err := f.store.Principal(f.ctx, "stuck", stuckAcct.UserID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := matrix.Login(f.ctx, matrix.Config{Homeserver: hs.URL, UserID: stuckAcct.UserID, Password: stuckAcct.Password,
+		Agent: "stuck", StorageDir: f.storage, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := blocking{asked: make(chan struct{}, 1), release: make(chan struct{})}
+	pid := f.system.Root.Spawn(principal.Props(principal.Deps{
+		Store: view, Transport: client, Agent: agent, Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client),
+		DeviceID: client.DeviceID(), Hints: f.store.Hints(), AutoJoin: true, Log: testLog(t), SyncTimeout: time.Second,
+	}))
+	// Registered after f's cleanup, so it runs first: the stuck principal
+	// stops before the journal closes.
+	t.Cleanup(func() {
+		close(agent.release)
+		_ = f.system.Root.StopFuture(pid).Wait()
+	})
+
+	f.alice.SendText(stuckRoom, "are you there?")
+	select {
+	case <-agent.asked: // the stuck agent now holds its turn
+	case <-time.After(testDeadline):
+		t.Fatal("the stuck agent was never asked")
+	}
+	f.alice.SendText(f.room, "hello")
+	f.awaitReply("hello")
+	f.alice.SendText(f.room, "again")
+	f.awaitReply("again")
 }

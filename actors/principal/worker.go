@@ -112,9 +112,10 @@ func earliest(a, b time.Time) time.Time {
 // so a turn retried after a crash updates or finds its one outbox row.
 func deliveryID(eventID string) string { return "reply:" + eventID }
 
-// offer runs one turn: the agent's answer is made durable in the turn
-// record before the reply is enqueued, so a crash in between never asks the
-// agent again; the enqueue settles the event in the same transaction.
+// offer runs one turn: the agent's answer is recorded in the turn record
+// in the transaction that enqueues the reply and settles the event, so the
+// agent is asked again only if none of it committed. (An agent whose work
+// takes long would record its result on its own first.)
 func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) error {
 	thread, _, err := a.deps.Store.AdmittedThreadID(ctx, e.RoomID, e.EventID)
 	if err != nil {
@@ -125,7 +126,10 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	if err != nil {
 		return fmt.Errorf("read turn record: %w", err)
 	}
-	var content json.RawMessage
+	var (
+		content json.RawMessage
+		turn    *journal.TurnRecord
+	)
 	switch {
 	case answered && rec.State == journal.TurnDelivered:
 		_, err := a.deps.Store.Settle(ctx, e.EventID)
@@ -144,13 +148,11 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 		if content, err = replyContent(reply.Content, e.EventID, thread); err != nil {
 			return err
 		}
-		if err := a.deps.Store.UpsertTurn(ctx, journal.TurnRecord{TurnID: id, RoomID: e.RoomID,
-			State: journal.TurnResultRecorded, Sources: []string{e.EventID}, Record: content}); err != nil {
-			return fmt.Errorf("record turn: %w", err)
-		}
+		turn = &journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
+			Sources: []string{e.EventID}, Record: content}
 	}
 	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal,
-		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}})
+		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}, Turn: turn})
 	if errors.Is(err, journal.ErrMembershipEnded) || errors.Is(err, journal.ErrDeliveryRetired) {
 		// The membership that asked has ended: nothing may answer it now.
 		a.log.Info().Err(err).Str("event_id", e.EventID).Msg("Turn dropped: its membership ended")
