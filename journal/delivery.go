@@ -390,6 +390,9 @@ func WireContent(d Delivery) (json.RawMessage, error) {
 	}
 	c[DeliveryKey] = map[string]string{"delivery_id": d.DeliveryID, "stage": d.Stage.String()}
 	if d.ReplacesEventID != "" {
+		// The replacement's own relation (a reply, a thread) belongs to the
+		// event it replaces; new content carries none.
+		delete(c, "m.relates_to")
 		body, _ := c["body"].(string)
 		c = map[string]any{
 			"msgtype":       orString(c["msgtype"], "m.text"),

@@ -157,3 +157,28 @@ func TestAnEnqueueRefusesContentItCouldNeverSend(t *testing.T) {
 		}
 	}
 }
+
+func TestAnEditOfThePlaceholderCarriesNoRelationInItsNewContent(t *testing.T) {
+	d := journal.Delivery{DeliveryID: "d1", Stage: journal.StageFinal, ReplacesEventID: "$placeholder",
+		Content: json.RawMessage(`{"body":"answer","msgtype":"m.text","m.relates_to":{"m.in_reply_to":{"event_id":"$q"}}}`)}
+	wire, err := journal.WireContent(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		NewContent map[string]json.RawMessage `json:"m.new_content"`
+		RelatesTo  struct {
+			RelType string `json:"rel_type"`
+			EventID string `json:"event_id"`
+		} `json:"m.relates_to"`
+	}
+	if err := json.Unmarshal(wire, &c); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.NewContent["m.relates_to"]; ok {
+		t.Errorf("new content %s keeps a relation", wire)
+	}
+	if c.RelatesTo.RelType != "m.replace" || c.RelatesTo.EventID != "$placeholder" {
+		t.Errorf("relation = %+v, want an m.replace of the placeholder", c.RelatesTo)
+	}
+}

@@ -137,8 +137,10 @@ func TestTheSenderReportsTheServersTimestamp(t *testing.T) {
 	if i < 0 {
 		t.Fatalf("sent event %s is not in the room", sent.EventID)
 	}
-	if e := parse(t, events[i]); sent.ServerTS != e.TS || e.TS <= 0 || e.Content.Body != "the answer" {
-		t.Errorf("sent ts %d, the room's event: ts %d body %q; want the same positive ts and body %q", sent.ServerTS, e.TS, e.Content.Body, "the answer")
+	// Dendrite may not serve the event yet when the send returns; then the
+	// timestamp is left to the sync echo (zero), never made up.
+	if e := parse(t, events[i]); (sent.ServerTS != 0 && sent.ServerTS != e.TS) || e.TS <= 0 || e.Content.Body != "the answer" {
+		t.Errorf("sent ts %d, the room's event: ts %d body %q; want its positive ts (or none) and body %q", sent.ServerTS, e.TS, e.Content.Body, "the answer")
 	}
 	// The delivery's own transaction ID is used: resending is deduplicated.
 	again, err := matrix.NewSender(c).Send(t.Context(), d, wire(t, d))
@@ -192,7 +194,9 @@ func TestTheReconcilerFindsADeliveryByItsMarkerAndNothingElse(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if found != tc.found || got != tc.want {
+			// The sender may have sent before the event was readable, so
+			// only the ID is compared; a find always carries the timestamp.
+			if found != tc.found || got.EventID != tc.want.EventID || (found && got.ServerTS <= 0) {
 				t.Errorf("Find = %+v, %t; want %+v, %t", got, found, tc.want, tc.found)
 			}
 		})
@@ -224,7 +228,7 @@ func TestTheReconcilerSearchesNoFurtherThanItsWindow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if found != want || (found && got != sent) {
+		if found != want || (found && (got.EventID != sent.EventID || got.ServerTS <= 0)) {
 			t.Errorf("window %d: Find = %+v, %t; want found=%t", window, got, found, want)
 		}
 	}

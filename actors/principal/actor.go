@@ -8,6 +8,7 @@ package principal
 
 import (
 	"context"
+	"encoding/json"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -49,8 +50,11 @@ type Deps struct {
 	Hints *hint.Bus
 	// AutoJoin accepts room invites.
 	AutoJoin bool
-	Log      zerolog.Logger
-	Now      func() time.Time
+	// Placeholder, when set, is the content of a placeholder sent before
+	// the agent is asked; the answer then replaces it as an edit.
+	Placeholder json.RawMessage
+	Log         zerolog.Logger
+	Now         func() time.Time
 	// SyncTimeout is the long-poll timeout of one sync.
 	SyncTimeout time.Duration
 	// BackoffBase and BackoffMax bound the retry delays of a failed sync

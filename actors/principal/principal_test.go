@@ -106,6 +106,10 @@ type fixture struct {
 
 	// sender, when set, wraps the agent's outbox sender.
 	sender func(outbox.Sender) outbox.Sender
+	// answer, when set, is the agent instead of agent; placeholder is the
+	// principal's placeholder content.
+	answer      principal.Agent
+	placeholder json.RawMessage
 
 	system *actor.ActorSystem
 	store  *store.Store
@@ -146,8 +150,12 @@ func (f *fixture) start() {
 	if f.sender != nil {
 		sender = f.sender(sender)
 	}
+	var agent principal.Agent = f.agent
+	if f.answer != nil {
+		agent = f.answer
+	}
 	f.pid = f.system.Root.Spawn(principal.Props(principal.Deps{
-		Store: f.view, Transport: f.client, Agent: f.agent,
+		Store: f.view, Transport: f.client, Agent: agent, Placeholder: f.placeholder,
 		Sender: sender, Reconciler: matrix.NewReconciler(f.client), DeviceID: f.client.DeviceID(),
 		Hints: s.Hints(), AutoJoin: true, Log: testLog(f.t), SyncTimeout: time.Second,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
@@ -561,4 +569,76 @@ func TestOneAgentThatNeverAnswersDoesNotHoldUpAnother(t *testing.T) {
 	f.awaitReply("hello")
 	f.alice.SendText(f.room, "again")
 	f.awaitReply("again")
+}
+
+// gated answers like echo once open is closed, so a test can look at the
+// room in between.
+type gated struct {
+	*echo
+	open chan struct{}
+}
+
+func (g gated) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return principal.Reply{}, ctx.Err()
+	}
+	return g.echo.Answer(ctx, turn)
+}
+
+func TestAPlaceholderIsSentFirstAndTheAnswerReplacesIt(t *testing.T) {
+	f := newFixture(t)
+	open := make(chan struct{})
+	f.answer = gated{echo: f.agent, open: open}
+	f.placeholder = json.RawMessage(`{"msgtype":"m.notice","body":"thinking"}`)
+	f.start()
+	f.awaitJoined()
+	f.alice.SendText(f.room, "question")
+
+	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
+	defer cancel()
+	ph := f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
+		sender, b := body(raw)
+		return sender == f.bot.UserID && b == "thinking"
+	})
+	var placeholder struct {
+		EventID string `json:"event_id"`
+	}
+	if err := json.Unmarshal(ph, &placeholder); err != nil {
+		t.Fatal(err)
+	}
+	close(open)
+	edit := f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
+		var ev struct {
+			Content struct {
+				NewContent struct {
+					Body string `json:"body"`
+				} `json:"m.new_content"`
+				RelatesTo struct {
+					RelType string `json:"rel_type"`
+					EventID string `json:"event_id"`
+				} `json:"m.relates_to"`
+			} `json:"content"`
+		}
+		return json.Unmarshal(raw, &ev) == nil && ev.Content.RelatesTo.RelType == "m.replace" &&
+			ev.Content.NewContent.Body == "echo: question"
+	})
+	var e struct {
+		Content struct {
+			RelatesTo struct {
+				EventID string `json:"event_id"`
+			} `json:"m.relates_to"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(edit, &e); err != nil || e.Content.RelatesTo.EventID != placeholder.EventID {
+		t.Fatalf("the answer edits %q, want the placeholder %q", e.Content.RelatesTo.EventID, placeholder.EventID)
+	}
+	got := f.screen(func(s []string) bool { return contains(s, "echo: question") })
+	if contains(got, "thinking") {
+		t.Fatalf("the page still shows the placeholder: %q", got)
+	}
+	if got := f.replies(); got["thinking"] != 1 || len(got) != 1 {
+		t.Fatalf("the agent's messages = %v, want the placeholder once (then edited)", got)
+	}
 }

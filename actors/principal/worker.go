@@ -137,11 +137,20 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	case answered:
 		content = rec.Record
 	default:
+		if a.deps.Placeholder != nil {
+			if dropped, err := a.placeholder(ctx, e, id, thread); dropped || err != nil {
+				return err
+			}
+		}
 		reply, err := a.deps.Agent.Answer(ctx, Turn{Event: e, Thread: thread, Conversation: a.deps.Store})
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
 		if reply.Ignore {
+			if a.deps.Placeholder != nil {
+				// Unsent, it is withdrawn; sent, it stays as it is.
+				_ = a.deps.Store.Retire(ctx, id, journal.StageInitial)
+			}
 			_, err := a.deps.Store.Settle(ctx, e.EventID)
 			return err
 		}
@@ -153,12 +162,32 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	}
 	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal,
 		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}, Turn: turn})
-	if errors.Is(err, journal.ErrMembershipEnded) || errors.Is(err, journal.ErrDeliveryRetired) {
-		// The membership that asked has ended: nothing may answer it now.
-		a.log.Info().Err(err).Str("event_id", e.EventID).Msg("Turn dropped: its membership ended")
-		_, err = a.deps.Store.Settle(ctx, e.EventID)
-	}
+	_, err = a.dropIfEnded(ctx, e, err)
 	return err
+}
+
+// placeholder enqueues the turn's placeholder before the agent is asked.
+// It is source-less, so the event stays pending until the answer's
+// enqueue settles it; enqueued again on a retry, it is the same row.
+func (a *principalActor) placeholder(ctx context.Context, e journal.PendingEvent, id string, thread *string) (dropped bool, err error) {
+	content, err := replyContent(a.deps.Placeholder, e.EventID, thread)
+	if err != nil {
+		return false, err
+	}
+	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageInitial,
+		RoomID: e.RoomID, Thread: thread, Content: content})
+	return a.dropIfEnded(ctx, e, err)
+}
+
+// dropIfEnded settles e when an enqueue for it was refused because the
+// membership that asked has ended: nothing may answer it now.
+func (a *principalActor) dropIfEnded(ctx context.Context, e journal.PendingEvent, err error) (dropped bool, _ error) {
+	if !errors.Is(err, journal.ErrMembershipEnded) && !errors.Is(err, journal.ErrDeliveryRetired) {
+		return false, err
+	}
+	a.log.Info().Err(err).Str("event_id", e.EventID).Msg("Turn dropped: its membership ended")
+	_, err = a.deps.Store.Settle(ctx, e.EventID)
+	return true, err
 }
 
 // replyContent relates the agent's content to the event it answers: in the
