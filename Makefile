@@ -30,12 +30,12 @@ test-short: dendrite
 	$(GO) test -short -count=1 $(PKGS)
 
 # Full benchmarks at 10^6 messages; the fixture is cached under .cache/bench.
-bench:
+bench: dendrite
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./bench/ -args -n $(BENCH_N) | tee bench/last.txt
 	$(GO) run ./bench/cmd/summary < bench/last.txt
 
 # Smoke mode: tiny fixtures, one iteration, so the benchmarks cannot rot.
-bench-smoke:
+bench-smoke: dendrite
 	$(GO) test -short -run '^$$' -bench . -benchtime 1x -timeout 15m ./bench/
 
 # gofmt also reads the files git does not track yet, so a new file is

@@ -7,8 +7,8 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/mattn/go-sqlite3 v1.14.53
 	github.com/rs/zerolog v1.35.1
+	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sys v0.49.0
-	gopkg.in/yaml.v3 v3.0.1
 	maunium.net/go/mautrix v0.32.0
 )
 

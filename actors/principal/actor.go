@@ -39,7 +39,9 @@ type Deps struct {
 	Store journal.PrincipalStore
 	// Transport is the homeserver, signed in as the principal's account.
 	Transport Transport
-	// Agent answers the principal's work.
+	// Agent answers the principal's work. Nil leaves the work to an agent
+	// outside the process, which takes it through the agent API: the
+	// principal then only syncs and delivers.
 	Agent Agent
 	// Sender and Reconciler deliver replies; DeviceID is the device the
 	// Transport is signed in as.
@@ -149,7 +151,9 @@ func (a *principalActor) start(ctx actor.Context) {
 		}()
 	}
 	run("sync", a.syncLoop)
-	run("work", a.workLoop)
+	if a.deps.Agent != nil {
+		run("work", a.workLoop)
+	}
 }
 
 // leave fences the room, then leaves it on the homeserver, off the actor's

@@ -5,7 +5,7 @@
 //	0  success, or help was asked for (-h, -help, help)
 //	1  any other failure
 //	2  usage error: no command, or an unknown command, flag or argument
-//	3  configuration error: reserved for the daemon's configuration file
+//	3  configuration error: the daemon's configuration file
 //	4  the journal is refused or damaged: another application's file, a
 //	   schema newer or older than this binary's, or a file SQLite finds corrupt
 //
@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
@@ -55,7 +56,7 @@ var exitCodes = []struct {
 	{exitOK, "success, or help was asked for (-h, -help, help)"},
 	{exitFailure, "any other failure"},
 	{exitUsage, "usage error: no command, or an unknown command, flag or argument"},
-	{exitConfig, "configuration error: reserved for the daemon's configuration file"},
+	{exitConfig, "configuration error: the daemon's configuration file"},
 	{exitJournal, "the journal is refused or damaged: another application's file,\n" +
 		"     a schema newer or older than this binary's, or a file SQLite finds corrupt"},
 }
@@ -63,7 +64,7 @@ var exitCodes = []struct {
 // execute runs one command line and returns the process's exit code. Help
 // and command output go to stdout; an error goes to stderr, once, here.
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	m := NewMain(stdout)
+	m := NewMain(stdout, stderr)
 	err := m.ParseFlags(ctx, args)
 	if err == nil {
 		err = m.Run(ctx)
@@ -91,6 +92,8 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ue):
 		return exitUsage
+	case errors.Is(err, config.ErrConfig):
+		return exitConfig
 	case refusedJournal(err):
 		return exitJournal
 	}
@@ -133,6 +136,7 @@ func (e *usageError) helpArgs() string {
 
 // commands lists the subcommands for the top-level help and each one's own.
 var commands = []struct{ name, summary string }{
+	{"run", "run the daemon: sync, journal and answer for every configured agent"},
 	{"status", "summarise the journal: principals, pending work, undelivered replies"},
 	{"version", "print the version"},
 	{"help", "print this help, or a command's: help <command>"},
@@ -163,12 +167,15 @@ func summary(command string) string {
 // Main is the program: parse the command line, run one subcommand, close.
 type Main struct {
 	out     io.Writer
+	errOut  io.Writer
 	command string
 	storage string
+	config  string
 }
 
-// NewMain returns a Main writing its output to out.
-func NewMain(out io.Writer) *Main { return &Main{out: out} }
+// NewMain returns a Main writing its output to out and the daemon's log to
+// errOut.
+func NewMain(out, errOut io.Writer) *Main { return &Main{out: out, errOut: errOut} }
 
 // ParseFlags reads the subcommand and its flags. When help is asked for it
 // prints it to the output and returns flag.ErrHelp; a command line it
@@ -192,8 +199,10 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 	case "-h", "-help", "--help":
 		writeUsage(m.out)
 		return flag.ErrHelp
+	case "run":
+		fs.StringVar(&m.config, "config", "mindroom.yaml", "the configuration file")
 	case "status":
-		fs.StringVar(&m.storage, "storage", envOr("MINDROOMD_STORAGE", "mindroom_data"), "storage directory (env MINDROOMD_STORAGE)")
+		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
 	case "version":
 	default:
 		return &usageError{err: fmt.Errorf("unknown command %q", m.command)}
@@ -221,6 +230,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	case "status":
 		return runStatus(ctx, m.out, m.storage)
+	case "run":
+		return runDaemon(ctx, m.errOut, m.config)
 	}
 	return nil
 }

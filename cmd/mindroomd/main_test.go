@@ -29,7 +29,7 @@ import (
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	m := NewMain(&out)
+	m := NewMain(&out, io.Discard)
 	ctx := context.Background()
 	if err := m.ParseFlags(ctx, args); err != nil {
 		return out.String(), err

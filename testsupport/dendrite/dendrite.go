@@ -28,7 +28,7 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	yaml "go.yaml.in/yaml/v3"
 )
 
 // ServerName is the homeserver's name: user IDs are @localpart:localhost.

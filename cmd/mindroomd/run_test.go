@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+)
+
+// syncBuffer is a log the daemon writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// writeDaemonConfig writes a configuration of one echo agent, its secret in
+// a file beside it, and returns its path.
+func writeDaemonConfig(t *testing.T, homeserver string, bot dendrite.Account, storage string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "echo.password"), []byte(bot.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`homeserver: %s
+storage: %s
+agents:
+  - name: echo
+    user_id: "%s"
+    password_file: ./echo.password
+    auto_join: true
+    backend:
+      type: echo
+`, homeserver, storage, bot.UserID)
+	path := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "echo", "echo-password-4c1d")
+	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
+	room := alice.CreateRoom(bot.UserID)
+	storage := t.TempDir()
+	cfg := writeDaemonConfig(t, hs.URL, bot, storage)
+
+	start := func() (cancel func() int, log *syncBuffer) {
+		ctx, stop := context.WithCancel(context.Background())
+		log = &syncBuffer{}
+		done := make(chan int, 1)
+		go func() { done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, log) }()
+		return func() int {
+			stop()
+			select {
+			case code := <-done:
+				return code
+			case <-time.After(time.Minute):
+				t.Fatalf("the daemon did not stop; its log:\n%s", log)
+				return -1
+			}
+		}, log
+	}
+	awaitEcho := func(text string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		alice.AwaitEvent(ctx, room, func(raw json.RawMessage) bool {
+			var ev struct {
+				Sender  string `json:"sender"`
+				Content struct {
+					Body string `json:"body"`
+				} `json:"content"`
+			}
+			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
+		})
+	}
+
+	stop, log := start()
+	alice.SendText(room, "hello")
+	awaitEcho("hello")
+	if code := stop(); code != exitOK {
+		t.Fatalf("the daemon exited %d on a cancelled context; its log:\n%s", code, log)
+	}
+	if strings.Contains(log.String(), bot.Password) {
+		t.Fatal("the daemon logged the agent's password")
+	}
+
+	// Restarted, it answers what came meanwhile, once.
+	alice.SendText(room, "while away")
+	stop, log = start()
+	awaitEcho("while away")
+	if code := stop(); code != exitOK {
+		t.Fatalf("the restarted daemon exited %d; its log:\n%s", code, log)
+	}
+	answers := 0
+	for _, raw := range alice.Messages(room) {
+		var ev struct {
+			Sender string `json:"sender"`
+		}
+		if json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && strings.Contains(string(raw), `"echo: `) {
+			answers++
+		}
+	}
+	if answers != 2 {
+		t.Fatalf("the room holds %d answers, want one per message", answers)
+	}
+	out, err := run(t, "status", "-storage", storage)
+	if err != nil || !strings.Contains(out, "echo@"+bot.UserID) {
+		t.Fatalf("status after the daemon: %v\n%s", err, out)
+	}
+}
+
+func TestRunRefusesABadConfigurationWithItsExitCode(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(path, []byte("homeserver: http://127.0.0.1:1\nagents: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := execute(context.Background(), []string{"run", "-config", path}, &bytes.Buffer{}, &stderr); code != exitConfig {
+		t.Fatalf("exit code %d, want %d; stderr: %s", code, exitConfig, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "agents") {
+		t.Fatalf("the error does not name the field: %s", stderr.String())
+	}
+}

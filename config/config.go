@@ -1,0 +1,483 @@
+// Package config loads the daemon's configuration: one strict YAML file,
+// overridden field by field from the environment, validated as a whole and
+// with its secrets read from their files.
+//
+// A relative path in the file (storage, password_file, access_token_file,
+// api_token_file, api_key_file) is relative to the directory holding the
+// file, so the same file works whatever the working directory of the
+// process. A relative MINDROOM_STORAGE is relative to the working
+// directory, like any path given on a command line.
+//
+// Every error Load and Parse return is an *Error and matches ErrConfig.
+// None of them carries the text of a secret.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// Defaults for the optional fields.
+const (
+	DefaultStorage         = "./mindroom_data"
+	DefaultListen          = "127.0.0.1:8787"
+	DefaultExecTimeout     = 30 * time.Second
+	DefaultContextMessages = 20
+)
+
+// The environment variables that override the file, one per field.
+const (
+	EnvHomeserver = "MINDROOM_HOMESERVER"
+	EnvStorage    = "MINDROOM_STORAGE"
+	EnvListen     = "MINDROOM_LISTEN"
+)
+
+// ErrConfig matches every error of this package, so that a caller can tell a
+// configuration it must not retry from any other failure.
+var ErrConfig = errors.New("invalid configuration")
+
+// Error is a configuration error. Field names the offending field as it is
+// written in the file (agents[0].user_id); it is empty when the file as a
+// whole is at fault (unreadable, not YAML, an unknown key, which the YAML
+// message names with its line).
+type Error struct {
+	Field string
+	Err   error
+}
+
+// Error is "field: reason", or the reason alone for a whole-file error.
+func (e *Error) Error() string {
+	if e.Field == "" {
+		return e.Err.Error()
+	}
+	return e.Field + ": " + e.Err.Error()
+}
+
+// Unwrap returns the reason.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is makes every *Error match ErrConfig.
+func (e *Error) Is(target error) bool { return target == ErrConfig }
+
+func fieldErr(field, format string, args ...any) *Error {
+	return &Error{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// redacted stands in for a secret wherever a value would be printed.
+const redacted = "[redacted]"
+
+// Secret holds a credential read from a file. Every way of printing or
+// encoding it shows a placeholder, so a config can be logged or dumped
+// without leaking; only Reveal returns the value.
+type Secret struct{ v string }
+
+// Reveal returns the secret itself, for the one place that sends it.
+func (s Secret) Reveal() string { return s.v }
+
+// IsSet reports whether a value was read.
+func (s Secret) IsSet() bool { return s.v != "" }
+
+// String shows whether the secret is set, never its value.
+func (s Secret) String() string {
+	if s.v == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString keeps %#v as quiet as %v.
+func (s Secret) GoString() string { return strconv.Quote(s.String()) }
+
+// Format covers every verb, including %x and %q, which would otherwise
+// bypass String.
+func (s Secret) Format(f fmt.State, verb rune) {
+	if verb == 'v' && f.Flag('#') {
+		_, _ = io.WriteString(f, s.GoString())
+		return
+	}
+	_, _ = io.WriteString(f, s.String())
+}
+
+// MarshalJSON encodes the placeholder.
+func (s Secret) MarshalJSON() ([]byte, error) { return []byte(strconv.Quote(s.String())), nil }
+
+// MarshalYAML encodes the placeholder.
+func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+
+// Config is the daemon's configuration, validated and with every path
+// absolute when the file was loaded by Load.
+type Config struct {
+	// Homeserver is the http(s) base URL of the Matrix homeserver.
+	Homeserver string `yaml:"homeserver"`
+	// Storage is the journal's directory. Default ./mindroom_data.
+	Storage string `yaml:"storage"`
+	// Listen is the HTTP API's host:port. Default 127.0.0.1:8787. Any
+	// address that is not loopback requires every agent's api_token_file.
+	Listen string `yaml:"listen"`
+	// Agents are the configured agents; at least one, names unique.
+	Agents []Agent `yaml:"agents"`
+}
+
+// Agent is one agent and the Matrix account it acts through.
+type Agent struct {
+	// Name is the agent's name, 1-64 of [A-Za-z0-9._-].
+	Name string `yaml:"name"`
+	// UserID is the full Matrix user ID the agent signs in as.
+	UserID string `yaml:"user_id"`
+	// PasswordFile holds the account's password; exactly one of it and
+	// AccessTokenFile is set.
+	PasswordFile string `yaml:"password_file"`
+	// AccessTokenFile holds an access token for the account.
+	AccessTokenFile string `yaml:"access_token_file"`
+	// APITokenFile holds the bearer token of this agent's /v1 routes.
+	APITokenFile string `yaml:"api_token_file"`
+	// AutoJoin accepts room invites.
+	AutoJoin bool `yaml:"auto_join"`
+	// Backend answers the agent's turns.
+	Backend Backend `yaml:"backend"`
+
+	// Password is the content of PasswordFile.
+	Password Secret `yaml:"-"`
+	// AccessToken is the content of AccessTokenFile.
+	AccessToken Secret `yaml:"-"`
+	// APIToken is the content of APITokenFile.
+	APIToken Secret `yaml:"-"`
+}
+
+// Principal is the journal principal of the agent. It cannot fail on a
+// loaded config, whose names and user IDs were validated.
+func (a Agent) Principal() journal.Principal {
+	return journal.Principal{Agent: a.Name, UserID: a.UserID}
+}
+
+// BackendType names what answers an agent's turns.
+type BackendType string
+
+// The backend types.
+const (
+	// BackendEcho repeats the message back; for demos and tests.
+	BackendEcho BackendType = "echo"
+	// BackendExec runs a command per turn.
+	BackendExec BackendType = "exec"
+	// BackendHTTP leaves turns to a client of the HTTP API.
+	BackendHTTP BackendType = "http"
+	// BackendOpenAI calls an OpenAI-compatible chat completions API.
+	BackendOpenAI BackendType = "openai"
+)
+
+// Backend is an agent's backend. The fields of the other types must be
+// absent, so a misplaced key is refused rather than ignored.
+type Backend struct {
+	// Type is one of echo, exec, http, openai.
+	Type BackendType `yaml:"type"`
+	// Exec holds the keys of type exec, written beside type in the file.
+	Exec Exec `yaml:",inline"`
+	// OpenAI holds the keys of type openai, written beside type in the file.
+	OpenAI OpenAI `yaml:",inline"`
+}
+
+// Exec configures an exec backend.
+type Exec struct {
+	// Command is the program and its arguments; not run through a shell.
+	Command []string `yaml:"command"`
+	// Timeout bounds one turn, as a Go duration ("30s"). Absent or zero
+	// means 30s.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// OpenAI configures an openai backend.
+type OpenAI struct {
+	// BaseURL is the http(s) URL of the API, e.g. https://api.openai.com/v1.
+	BaseURL string `yaml:"base_url"`
+	// Model is the model name sent with each request.
+	Model string `yaml:"model"`
+	// APIKeyFile holds the API key; optional, for local servers.
+	APIKeyFile string `yaml:"api_key_file"`
+	// SystemPrompt opens every request.
+	SystemPrompt string `yaml:"system_prompt"`
+	// ContextMessages is how many earlier messages of the room go with
+	// each request. Absent or zero means 20.
+	ContextMessages int `yaml:"context_messages"`
+	// Stream asks for a streamed answer.
+	Stream bool `yaml:"stream"`
+
+	// APIKey is the content of APIKeyFile.
+	APIKey Secret `yaml:"-"`
+}
+
+// Load reads, validates and resolves the file at path. Relative paths in it
+// are relative to its directory. lookupEnv reads the environment overrides;
+// nil means os.LookupEnv.
+func Load(path string, lookupEnv func(string) (string, bool)) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{Err: fmt.Errorf("read config: %w", err)}
+	}
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, &Error{Err: fmt.Errorf("config directory: %w", err)}
+	}
+	return Parse(data, dir, lookupEnv)
+}
+
+// Parse is Load on data already read, with dir the directory relative paths
+// are resolved against. lookupEnv nil means os.LookupEnv.
+func Parse(data []byte, dir string, lookupEnv func(string) (string, bool)) (*Config, error) {
+	if lookupEnv == nil {
+		lookupEnv = os.LookupEnv
+	}
+	cfg, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	storageFromEnv := applyEnv(cfg, lookupEnv)
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if !storageFromEnv && !filepath.IsAbs(cfg.Storage) {
+		cfg.Storage = filepath.Join(dir, cfg.Storage)
+	}
+	if err := cfg.readSecrets(dir); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func decode(data []byte) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var cfg Config
+	if err := dec.Decode(&cfg); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &Error{Err: errors.New("config is empty")}
+		}
+		return nil, &Error{Err: err}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, &Error{Err: err}
+		}
+		return nil, &Error{Err: fmt.Errorf("line %d: a second YAML document; the config is one document", extra.Line)}
+	}
+	return &cfg, nil
+}
+
+// applyEnv lets the environment win over the file. An empty variable counts
+// as unset, so exporting it blank cannot erase a field. It reports whether
+// the storage came from the environment, which leaves it relative to the
+// working directory rather than to the file.
+func applyEnv(cfg *Config, lookupEnv func(string) (string, bool)) (storageFromEnv bool) {
+	for _, o := range []struct {
+		name string
+		dst  *string
+	}{
+		{EnvHomeserver, &cfg.Homeserver},
+		{EnvStorage, &cfg.Storage},
+		{EnvListen, &cfg.Listen},
+	} {
+		if v, ok := lookupEnv(o.name); ok && v != "" {
+			*o.dst = v
+			storageFromEnv = storageFromEnv || o.name == EnvStorage
+		}
+	}
+	return storageFromEnv
+}
+
+func (c *Config) validate() error {
+	if c.Storage == "" {
+		c.Storage = DefaultStorage
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if err := checkHTTPURL(c.Homeserver); err != nil {
+		return &Error{Field: "homeserver", Err: err}
+	}
+	loopback, err := checkListen(c.Listen)
+	if err != nil {
+		return &Error{Field: "listen", Err: err}
+	}
+	if len(c.Agents) == 0 {
+		return fieldErr("agents", "at least one agent is required")
+	}
+	seen := make(map[string]int, len(c.Agents))
+	for i := range c.Agents {
+		a := &c.Agents[i]
+		field := fmt.Sprintf("agents[%d]", i)
+		if _, err := journal.NewPrincipal(a.Name, a.UserID); err != nil {
+			if journal.ValidUserID(a.UserID) {
+				return &Error{Field: field + ".name", Err: err}
+			}
+			return &Error{Field: field + ".user_id", Err: err}
+		}
+		if j, dup := seen[a.Name]; dup {
+			return fieldErr(field+".name", "%q is already the name of agents[%d]", a.Name, j)
+		}
+		seen[a.Name] = i
+		if (a.PasswordFile == "") == (a.AccessTokenFile == "") {
+			return fieldErr(field+".password_file", "exactly one of password_file and access_token_file is required")
+		}
+		if !loopback && a.APITokenFile == "" {
+			return fieldErr(field+".api_token_file", "required when listen %q is not a loopback address", c.Listen)
+		}
+		if err := a.Backend.validate(field + ".backend"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Backend) validate(field string) error {
+	if b.Type != BackendExec {
+		switch {
+		case b.Exec.Command != nil:
+			return fieldErr(field+".command", "only for type %q", BackendExec)
+		case b.Exec.Timeout != 0:
+			return fieldErr(field+".timeout", "only for type %q", BackendExec)
+		}
+	}
+	if b.Type != BackendOpenAI && b.OpenAI != (OpenAI{}) {
+		return fieldErr(field+"."+firstOpenAIKey(b.OpenAI), "only for type %q", BackendOpenAI)
+	}
+	switch b.Type {
+	case BackendEcho, BackendHTTP:
+	case BackendExec:
+		if len(b.Exec.Command) == 0 || b.Exec.Command[0] == "" {
+			return fieldErr(field+".command", "a program and its arguments are required")
+		}
+		if b.Exec.Timeout < 0 {
+			return fieldErr(field+".timeout", "%s is not a positive duration", b.Exec.Timeout)
+		}
+		if b.Exec.Timeout == 0 {
+			b.Exec.Timeout = DefaultExecTimeout
+		}
+	case BackendOpenAI:
+		if err := checkHTTPURL(b.OpenAI.BaseURL); err != nil {
+			return &Error{Field: field + ".base_url", Err: err}
+		}
+		if b.OpenAI.Model == "" {
+			return fieldErr(field+".model", "required")
+		}
+		if b.OpenAI.ContextMessages < 0 {
+			return fieldErr(field+".context_messages", "%d is negative", b.OpenAI.ContextMessages)
+		}
+		if b.OpenAI.ContextMessages == 0 {
+			b.OpenAI.ContextMessages = DefaultContextMessages
+		}
+	default:
+		return fieldErr(field+".type", "%q is not one of echo, exec, http, openai", b.Type)
+	}
+	return nil
+}
+
+// firstOpenAIKey names the first openai-only key that is set, for the error
+// on a backend of another type.
+func firstOpenAIKey(o OpenAI) string {
+	switch {
+	case o.BaseURL != "":
+		return "base_url"
+	case o.Model != "":
+		return "model"
+	case o.APIKeyFile != "":
+		return "api_key_file"
+	case o.SystemPrompt != "":
+		return "system_prompt"
+	case o.ContextMessages != 0:
+		return "context_messages"
+	default:
+		return "stream"
+	}
+}
+
+func checkHTTPURL(s string) error {
+	if s == "" {
+		return errors.New("required")
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL", s)
+	}
+	return nil
+}
+
+// checkListen validates host:port and reports whether the host is loopback.
+// A host name other than localhost counts as not loopback: what it resolves
+// to is not known until it is bound.
+func checkListen(s string) (loopback bool, err error) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return false, fmt.Errorf("%q is not host:port", s)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		return false, fmt.Errorf("%q has no valid port", s)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// readSecrets resolves the secret files' paths against dir and reads them.
+func (c *Config) readSecrets(dir string) error {
+	for i := range c.Agents {
+		a := &c.Agents[i]
+		field := fmt.Sprintf("agents[%d]", i)
+		for _, s := range []struct {
+			key  string
+			path *string
+			dst  *Secret
+		}{
+			{"password_file", &a.PasswordFile, &a.Password},
+			{"access_token_file", &a.AccessTokenFile, &a.AccessToken},
+			{"api_token_file", &a.APITokenFile, &a.APIToken},
+			{"backend.api_key_file", &a.Backend.OpenAI.APIKeyFile, &a.Backend.OpenAI.APIKey},
+		} {
+			if *s.path == "" {
+				continue
+			}
+			if !filepath.IsAbs(*s.path) {
+				*s.path = filepath.Join(dir, *s.path)
+			}
+			v, err := readSecret(*s.path)
+			if err != nil {
+				return &Error{Field: field + "." + s.key, Err: err}
+			}
+			*s.dst = v
+		}
+	}
+	return nil
+}
+
+// readSecret reads a secret file, dropping one trailing newline (editors and
+// `echo` add one). The errors name the path, never the content.
+func readSecret(path string) (Secret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Secret{}, fmt.Errorf("read secret: %w", err)
+	}
+	s := string(data)
+	if t, ok := strings.CutSuffix(s, "\r\n"); ok {
+		s = t
+	} else {
+		s = strings.TrimSuffix(s, "\n")
+	}
+	if s == "" {
+		return Secret{}, fmt.Errorf("secret file %s is empty", path)
+	}
+	return Secret{v: s}, nil
+}

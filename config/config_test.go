@@ -1,0 +1,494 @@
+package config_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// noEnv is an empty environment, so no test depends on the machine's.
+func noEnv(string) (string, bool) { return "", false }
+
+// envOf is an environment holding exactly vars.
+func envOf(vars map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := vars[k]
+		return v, ok
+	}
+}
+
+// The secrets written by writeSecrets; no error or printout may contain them.
+const (
+	password    = "pw-5f1c9e-never-printed"
+	accessToken = "at-8b27d4-never-printed"
+	apiToken    = "api-3e90aa-never-printed"
+	apiKey      = "key-c41d07-never-printed"
+)
+
+var allSecrets = []string{password, accessToken, apiToken, apiKey}
+
+// writeSecrets fills dir/secrets with one file per secret, plus an empty one.
+func writeSecrets(t *testing.T, dir string) {
+	t.Helper()
+	files := map[string]string{
+		"password":     password + "\n",
+		"access-token": accessToken + "\n",
+		"api-token":    apiToken + "\n",
+		"api-key":      apiKey + "\n",
+		"empty":        "\n",
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "secrets"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, "secrets", name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func mustParse(t *testing.T, doc, dir string, env func(string) (string, bool)) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(doc), dir, env)
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return cfg
+}
+
+func TestTheDocumentedShapeLoadsAgainstItsOwnDirectory(t *testing.T) {
+	cfg, err := config.Load(filepath.Join("testdata", "mindroom.yaml"), noEnv)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	dir, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Homeserver, "http://127.0.0.1:8008"; got != want {
+		t.Errorf("Homeserver=%q, want %q", got, want)
+	}
+	if got, want := cfg.Storage, filepath.Join(dir, "mindroom_data"); got != want {
+		t.Errorf("Storage=%q, want %q", got, want)
+	}
+	if got, want := cfg.Listen, "127.0.0.1:8787"; got != want {
+		t.Errorf("Listen=%q, want %q", got, want)
+	}
+	if got := len(cfg.Agents); got != 1 {
+		t.Fatalf("len(Agents)=%d, want 1", got)
+	}
+	a := cfg.Agents[0]
+	if got, want := a.Principal(), (journal.Principal{Agent: "echo", UserID: "@echo:localhost"}); got != want {
+		t.Errorf("Principal=%v, want %v", got, want)
+	}
+	if got, want := a.PasswordFile, filepath.Join(dir, "secrets", "echo.password"); got != want {
+		t.Errorf("PasswordFile=%q, want %q", got, want)
+	}
+	if got, want := a.Password.Reveal(), "testdata-password"; got != want {
+		t.Errorf("Password=%q, want %q", got, want)
+	}
+	if got, want := a.APIToken.Reveal(), "testdata-api-token"; got != want {
+		t.Errorf("APIToken=%q, want %q", got, want)
+	}
+	if a.AccessTokenFile != "" || a.AccessToken.IsSet() {
+		t.Errorf("AccessToken set without access_token_file: %q", a.AccessTokenFile)
+	}
+	if !a.AutoJoin {
+		t.Error("AutoJoin=false, want true")
+	}
+	if got, want := a.Backend.Type, config.BackendEcho; got != want {
+		t.Errorf("Backend.Type=%q, want %q", got, want)
+	}
+}
+
+func TestOmittedStorageAndListenTakeTheirDefaults(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	cfg := mustParse(t, `
+homeserver: https://matrix.example.org
+agents:
+  - {name: echo, user_id: "@echo:example.org", password_file: secrets/password, backend: {type: echo}}
+`, dir, noEnv)
+	if got, want := cfg.Storage, filepath.Join(dir, "mindroom_data"); got != want {
+		t.Errorf("Storage=%q, want %q", got, want)
+	}
+	if got, want := cfg.Listen, config.DefaultListen; got != want {
+		t.Errorf("Listen=%q, want %q", got, want)
+	}
+}
+
+func TestTheEnvironmentWinsOverTheFile(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	doc := `
+homeserver: http://127.0.0.1:8008
+storage: /var/lib/from-file
+listen: 127.0.0.1:8787
+agents:
+  - {name: echo, user_id: "@echo:localhost", password_file: secrets/password, api_token_file: secrets/api-token, backend: {type: echo}}
+`
+	t.Run("Set", func(t *testing.T) {
+		cfg := mustParse(t, doc, dir, envOf(map[string]string{
+			"MINDROOM_HOMESERVER": "https://env.example.org",
+			"MINDROOM_STORAGE":    "from-env/data",
+			"MINDROOM_LISTEN":     "0.0.0.0:9000",
+		}))
+		if got, want := cfg.Homeserver, "https://env.example.org"; got != want {
+			t.Errorf("Homeserver=%q, want %q", got, want)
+		}
+		// Relative to the working directory, as on a command line, not to the file.
+		if got, want := cfg.Storage, "from-env/data"; got != want {
+			t.Errorf("Storage=%q, want %q", got, want)
+		}
+		if got, want := cfg.Listen, "0.0.0.0:9000"; got != want {
+			t.Errorf("Listen=%q, want %q", got, want)
+		}
+	})
+	t.Run("EmptyIsUnset", func(t *testing.T) {
+		cfg := mustParse(t, doc, dir, envOf(map[string]string{
+			"MINDROOM_HOMESERVER": "", "MINDROOM_STORAGE": "", "MINDROOM_LISTEN": "",
+		}))
+		if got, want := cfg.Homeserver, "http://127.0.0.1:8008"; got != want {
+			t.Errorf("Homeserver=%q, want %q", got, want)
+		}
+		if got, want := cfg.Storage, "/var/lib/from-file"; got != want {
+			t.Errorf("Storage=%q, want %q", got, want)
+		}
+	})
+	t.Run("OverriddenValueIsValidated", func(t *testing.T) {
+		_, err := config.Parse([]byte(doc), dir, envOf(map[string]string{"MINDROOM_HOMESERVER": "matrix.example.org"}))
+		if got, want := fieldOf(t, err), "homeserver"; got != want {
+			t.Errorf("Field=%q, want %q (err %v)", got, want, err)
+		}
+	})
+}
+
+func TestRelativePathsResolveAgainstTheConfigDirectory(t *testing.T) {
+	root := t.TempDir()
+	confDir := filepath.Join(root, "etc")
+	writeSecrets(t, confDir)
+	elsewhere := filepath.Join(root, "elsewhere")
+	writeSecrets(t, elsewhere)
+	doc := fmt.Sprintf(`
+homeserver: http://127.0.0.1:8008
+storage: ../state
+agents:
+  - name: helper
+    user_id: "@helper:localhost"
+    access_token_file: secrets/access-token
+    api_token_file: %s
+    backend: {type: openai, base_url: "http://127.0.0.1:11434/v1", model: m, api_key_file: ./secrets/api-key}
+`, filepath.Join(elsewhere, "secrets", "api-token"))
+	path := filepath.Join(confDir, "mindroom.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The working directory stays the package's: nothing may resolve against it.
+	cfg, err := config.Load(path, noEnv)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	a := cfg.Agents[0]
+	for _, c := range []struct{ name, got, want string }{
+		{"Storage", cfg.Storage, filepath.Join(root, "state")},
+		{"AccessTokenFile", a.AccessTokenFile, filepath.Join(confDir, "secrets", "access-token")},
+		{"APITokenFile", a.APITokenFile, filepath.Join(elsewhere, "secrets", "api-token")},
+		{"APIKeyFile", a.Backend.OpenAI.APIKeyFile, filepath.Join(confDir, "secrets", "api-key")},
+		{"AccessToken", a.AccessToken.Reveal(), accessToken},
+		{"APIToken", a.APIToken.Reveal(), apiToken},
+		{"APIKey", a.Backend.OpenAI.APIKey.Reveal(), apiKey},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s=%q, want %q", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestBackendSettingsAndTheirDefaults(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	cfg := mustParse(t, `
+homeserver: http://127.0.0.1:8008
+agents:
+  - name: slow
+    user_id: "@slow:localhost"
+    password_file: secrets/password
+    backend: {type: exec, command: [./bot, --flag], timeout: 2m30s}
+  - name: quick
+    user_id: "@quick:localhost"
+    password_file: secrets/password
+    backend: {type: exec, command: [./bot]}
+  - name: llm
+    user_id: "@llm:localhost"
+    password_file: secrets/password
+    backend:
+      type: openai
+      base_url: https://api.example.org/v1
+      model: small
+      system_prompt: Be brief.
+      stream: true
+  - name: hooked
+    user_id: "@hooked:localhost"
+    password_file: secrets/password
+    backend: {type: http}
+`, dir, noEnv)
+	if got, want := cfg.Agents[0].Backend.Exec.Timeout, 150*time.Second; got != want {
+		t.Errorf("agents[0] timeout=%v, want %v", got, want)
+	}
+	if got, want := strings.Join(cfg.Agents[0].Backend.Exec.Command, " "), "./bot --flag"; got != want {
+		t.Errorf("agents[0] command=%q, want %q", got, want)
+	}
+	if got, want := cfg.Agents[1].Backend.Exec.Timeout, config.DefaultExecTimeout; got != want {
+		t.Errorf("agents[1] timeout=%v, want %v", got, want)
+	}
+	o := cfg.Agents[2].Backend.OpenAI
+	if got, want := o.ContextMessages, config.DefaultContextMessages; got != want {
+		t.Errorf("context_messages=%d, want %d", got, want)
+	}
+	if o.BaseURL != "https://api.example.org/v1" || o.Model != "small" || o.SystemPrompt != "Be brief." || !o.Stream || o.APIKey.IsSet() {
+		t.Errorf("openai=%+v", o)
+	}
+	if got, want := cfg.Agents[3].Backend.Type, config.BackendHTTP; got != want {
+		t.Errorf("agents[3] type=%q, want %q", got, want)
+	}
+}
+
+// fieldOf asserts err is a configuration error and returns its field.
+func fieldOf(t *testing.T, err error) string {
+	t.Helper()
+	if err == nil {
+		t.Fatal("err=nil, want a configuration error")
+	}
+	if !errors.Is(err, config.ErrConfig) {
+		t.Errorf("errors.Is(%v, ErrConfig)=false", err)
+	}
+	var ce *config.Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("err=%T %v, want *config.Error", err, err)
+	}
+	for _, s := range allSecrets {
+		if strings.Contains(err.Error(), s) {
+			t.Errorf("error %q contains a secret", err)
+		}
+	}
+	return ce.Field
+}
+
+func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
+	const hs = "homeserver: http://127.0.0.1:8008\n"
+	const head = hs + "agents:\n  - name: echo\n    user_id: \"@echo:localhost\"\n"
+	const pw = "    password_file: secrets/password\n"
+	const echo = "    backend: {type: echo}\n"
+	for _, c := range []struct {
+		name, doc, field, msg string
+	}{
+		{"HomeserverMissing", "agents:\n  - {name: e, user_id: \"@e:l\", password_file: secrets/password, backend: {type: echo}}\n", "homeserver", "required"},
+		{"HomeserverNotHTTP", "homeserver: ftp://127.0.0.1\n" + head[len(hs):] + pw + echo, "homeserver", `"ftp://127.0.0.1" is not an http(s) URL`},
+		{"HomeserverNoHost", "homeserver: matrix.example.org\n" + head[len(hs):] + pw + echo, "homeserver", "is not an http(s) URL"},
+		{"ListenNoPort", "listen: 127.0.0.1\n" + head + pw + echo, "listen", `"127.0.0.1" is not host:port`},
+		{"ListenBadPort", "listen: 127.0.0.1:99999\n" + head + pw + echo, "listen", "no valid port"},
+		{"NoAgents", hs + "agents: []\n", "agents", "at least one agent"},
+		{"AgentsAbsent", hs, "agents", "at least one agent"},
+		{"NameInvalid", hs + "agents:\n  - {name: echo bot, user_id: \"@echo:localhost\", password_file: secrets/password, backend: {type: echo}}\n", "agents[0].name", `"echo bot"`},
+		{"NameMissing", hs + "agents:\n  - {user_id: \"@echo:localhost\", password_file: secrets/password, backend: {type: echo}}\n", "agents[0].name", "agent name"},
+		{"UserIDInvalid", hs + "agents:\n  - {name: echo, user_id: \"@echo\", password_file: secrets/password, backend: {type: echo}}\n", "agents[0].user_id", `"@echo" is not a full Matrix user ID`},
+		{"NameDuplicate", head + pw + echo + "  - {name: echo, user_id: \"@other:localhost\", password_file: secrets/password, backend: {type: echo}}\n", "agents[1].name", `"echo" is already the name of agents[0]`},
+		{"NoCredential", head + echo, "agents[0].password_file", "exactly one of password_file and access_token_file"},
+		{"BothCredentials", head + pw + "    access_token_file: secrets/access-token\n" + echo, "agents[0].password_file", "exactly one of"},
+		{"BackendTypeMissing", head + pw + "    backend: {}\n", "agents[0].backend.type", `"" is not one of echo, exec, http, openai`},
+		{"BackendTypeUnknown", head + pw + "    backend: {type: gpt}\n", "agents[0].backend.type", `"gpt" is not one of`},
+		{"ExecNoCommand", head + pw + "    backend: {type: exec}\n", "agents[0].backend.command", "required"},
+		{"ExecEmptyProgram", head + pw + "    backend: {type: exec, command: [\"\"]}\n", "agents[0].backend.command", "required"},
+		{"ExecNegativeTimeout", head + pw + "    backend: {type: exec, command: [x], timeout: -1s}\n", "agents[0].backend.timeout", "-1s is not a positive duration"},
+		{"CommandOnEcho", head + pw + "    backend: {type: echo, command: [x]}\n", "agents[0].backend.command", `only for type "exec"`},
+		{"TimeoutOnHTTP", head + pw + "    backend: {type: http, timeout: 5s}\n", "agents[0].backend.timeout", `only for type "exec"`},
+		{"ModelOnExec", head + pw + "    backend: {type: exec, command: [x], model: m}\n", "agents[0].backend.model", `only for type "openai"`},
+		{"StreamOnEcho", head + pw + "    backend: {type: echo, stream: true}\n", "agents[0].backend.stream", `only for type "openai"`},
+		{"OpenAINoBaseURL", head + pw + "    backend: {type: openai, model: m}\n", "agents[0].backend.base_url", "required"},
+		{"OpenAIBadBaseURL", head + pw + "    backend: {type: openai, base_url: api.example.org, model: m}\n", "agents[0].backend.base_url", "is not an http(s) URL"},
+		{"OpenAINoModel", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\"}\n", "agents[0].backend.model", "required"},
+		{"OpenAINegativeContext", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\", model: m, context_messages: -3}\n", "agents[0].backend.context_messages", "-3 is negative"},
+		{"WildcardListenWithoutToken", "listen: 0.0.0.0:8787\n" + head + pw + echo, "agents[0].api_token_file", `required when listen "0.0.0.0:8787" is not a loopback address`},
+		{"EmptyHostListenWithoutToken", "listen: \":8787\"\n" + head + pw + echo, "agents[0].api_token_file", "not a loopback address"},
+		{"IPv6ListenWithoutToken", "listen: \"[::]:8787\"\n" + head + pw + echo, "agents[0].api_token_file", "not a loopback address"},
+		{"HostnameListenWithoutToken", "listen: bot.example.org:8787\n" + head + pw + "    api_token_file: secrets/api-token\n" + echo +
+			"  - {name: two, user_id: \"@two:localhost\", password_file: secrets/password, backend: {type: echo}}\n", "agents[1].api_token_file", "not a loopback address"},
+		{"PasswordFileMissing", head + "    password_file: secrets/nope\n" + echo, "agents[0].password_file", "secrets/nope: no such file"},
+		{"PasswordFileEmpty", head + "    password_file: secrets/empty\n" + echo, "agents[0].password_file", "secrets/empty is empty"},
+		{"AccessTokenFileIsADirectory", head + "    access_token_file: secrets\n" + echo, "agents[0].access_token_file", "read secret"},
+		{"APITokenFileMissing", head + pw + "    api_token_file: secrets/nope\n" + echo, "agents[0].api_token_file", "no such file"},
+		{"APIKeyFileEmptyAfterOthersRead", head + pw + "    api_token_file: secrets/api-token\n    backend: {type: openai, base_url: \"http://h/v1\", model: m, api_key_file: secrets/empty}\n", "agents[0].backend.api_key_file", "is empty"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeSecrets(t, dir)
+			cfg, err := config.Parse([]byte(c.doc), dir, noEnv)
+			if err == nil {
+				t.Fatalf("Parse accepted it: %+v", cfg)
+			}
+			if got := fieldOf(t, err); got != c.field {
+				t.Errorf("Field=%q, want %q (err %v)", got, c.field, err)
+			}
+			if !strings.HasPrefix(err.Error(), c.field+": ") || !strings.Contains(err.Error(), c.msg) {
+				t.Errorf("err=%q, want %q naming %q", err, c.msg, c.field)
+			}
+		})
+	}
+}
+
+func TestALoopbackListenNeedsNoAPIToken(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	for _, listen := range []string{"127.0.0.1:8787", "127.9.9.9:1", "localhost:8787", "[::1]:8787"} {
+		doc := "listen: \"" + listen + "\"\nhomeserver: http://127.0.0.1:8008\nagents:\n  - {name: e, user_id: \"@e:l\", password_file: secrets/password, backend: {type: echo}}\n"
+		if _, err := config.Parse([]byte(doc), dir, noEnv); err != nil {
+			t.Errorf("listen %s: %v", listen, err)
+		}
+	}
+	doc := "listen: 0.0.0.0:8787\nhomeserver: http://127.0.0.1:8008\nagents:\n  - {name: e, user_id: \"@e:l\", password_file: secrets/password, api_token_file: secrets/api-token, backend: {type: echo}}\n"
+	if _, err := config.Parse([]byte(doc), dir, noEnv); err != nil {
+		t.Errorf("0.0.0.0 with a token: %v", err)
+	}
+}
+
+func TestAnUnknownKeyIsRefusedWithItsNameAndLine(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	for _, c := range []struct{ name, doc, want string }{
+		{"TopLevel", "homeserver: http://h\nhomeservr: http://h\n", "line 2: field homeservr not found"},
+		{"InAgent", "homeserver: http://h\nagents:\n  - name: e\n    password: hunter2\n", "line 4: field password not found"},
+		{"InBackend", "homeserver: http://h\nagents:\n  - name: e\n    backend:\n      type: exec\n      comand: [x]\n", "line 6: field comand not found"},
+		{"SecretFieldNotAKey", "homeserver: http://h\nagents:\n  - name: e\n    Password: x\n", "line 4: field Password not found"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(c.doc), dir, noEnv)
+			if got := fieldOf(t, err); got != "" {
+				t.Errorf("Field=%q, want the whole file", got)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("err=%q, want it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestTheFileIsOneWellTypedDocument(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	const valid = "homeserver: http://h\nagents:\n  - {name: e, user_id: \"@e:l\", password_file: secrets/password, backend: {type: echo}}\n"
+	for _, c := range []struct{ name, doc, want string }{
+		{"Empty", "", "config is empty"},
+		{"OnlyAComment", "# nothing yet\n", "config is empty"},
+		{"SecondDocument", valid + "---\nhomeserver: http://other\n", "line 4: a second YAML document"},
+		{"SecondDocumentMalformed", valid + "---\n[\n", "yaml:"},
+		{"NotAMapping", "- a\n- b\n", "cannot unmarshal"},
+		{"DuplicateKey", valid + "homeserver: http://again\n", `"homeserver" already defined`},
+		{"TimeoutWithoutUnit", "homeserver: http://h\nagents:\n  - {name: e, user_id: \"@e:l\", password_file: secrets/password, backend: {type: exec, command: [x], timeout: 30}}\n", "into time.Duration"},
+		{"TimeoutNotADuration", "homeserver: http://h\nagents:\n  - {name: e, user_id: \"@e:l\", password_file: secrets/password, backend: {type: exec, command: [x], timeout: soon}}\n", "into time.Duration"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(c.doc), dir, noEnv)
+			fieldOf(t, err)
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("err=%q, want it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestLoadingAMissingFileIsAConfigurationError(t *testing.T) {
+	_, err := config.Load(filepath.Join(t.TempDir(), "mindroom.yaml"), noEnv)
+	fieldOf(t, err)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("errors.Is(%v, fs.ErrNotExist)=false", err)
+	}
+}
+
+func TestASecretFileLosesExactlyOneTrailingNewline(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ content, want string }{
+		{"tok", "tok"},
+		{"tok\n", "tok"},
+		{"tok\r\n", "tok"},
+		{"tok\n\n", "tok\n"},
+		{" tok \n", " tok "},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "token"), []byte(c.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg := mustParse(t, "homeserver: http://h\nagents:\n  - {name: e, user_id: \"@e:l\", access_token_file: token, backend: {type: echo}}\n", dir, noEnv)
+		if got := cfg.Agents[0].AccessToken.Reveal(); got != c.want {
+			t.Errorf("file %q: token=%q, want %q", c.content, got, c.want)
+		}
+	}
+}
+
+func TestSecretsAreNeverPrinted(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	cfg := mustParse(t, `
+homeserver: http://127.0.0.1:8008
+agents:
+  - name: one
+    user_id: "@one:localhost"
+    password_file: secrets/password
+    api_token_file: secrets/api-token
+    backend: {type: openai, base_url: "http://h/v1", model: m, api_key_file: secrets/api-key}
+  - name: two
+    user_id: "@two:localhost"
+    access_token_file: secrets/access-token
+    backend: {type: echo}
+`, dir, noEnv)
+	jsonOut, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yamlOut, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Agents[0].Password
+	outputs := map[string]string{
+		"v+v#v":   fmt.Sprintf("%v %+v %#v", cfg, cfg, cfg),
+		"value":   fmt.Sprintf("%v %+v %#v", *cfg, *cfg, *cfg),
+		"agents":  fmt.Sprintf("%v %+v %#v", cfg.Agents, cfg.Agents, cfg.Agents),
+		"verbs":   fmt.Sprintf("%s %q %x %X %d %T %10v", s, s, s, s, s, s, s),
+		"print":   fmt.Sprint(s) + fmt.Sprintln(s),
+		"json":    string(jsonOut),
+		"yaml":    string(yamlOut),
+		"methods": s.String() + s.GoString(),
+	}
+	for name, out := range outputs {
+		for _, secret := range allSecrets {
+			if strings.Contains(out, secret) {
+				t.Errorf("%s output contains a secret: %s", name, out)
+			}
+		}
+	}
+	if !strings.Contains(outputs["v+v#v"], "[redacted]") || !strings.Contains(outputs["json"], `"[redacted]"`) {
+		t.Errorf("a set secret should print as a placeholder: %s", outputs["v+v#v"])
+	}
+	// The values are there for the one caller that asks.
+	a, b := cfg.Agents[0], cfg.Agents[1]
+	for _, c := range []struct{ got, want string }{
+		{a.Password.Reveal(), password},
+		{a.APIToken.Reveal(), apiToken},
+		{a.Backend.OpenAI.APIKey.Reveal(), apiKey},
+		{b.AccessToken.Reveal(), accessToken},
+	} {
+		if c.got != c.want {
+			t.Errorf("Reveal=%q, want %q", c.got, c.want)
+		}
+	}
+}
