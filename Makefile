@@ -16,10 +16,15 @@ VERSION   = $(shell git describe --always --dirty 2>/dev/null || echo dev)
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK         := $(CURDIR)/.cache/bin/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: build test test-short bench bench-smoke lint tools fuzz dendrite
+.PHONY: build test test-short bench bench-smoke lint tools fuzz dendrite demo
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/mindroomd ./cmd/mindroomd
+
+# A local Dendrite, the echo agent and a person, end to end (./.demo);
+# DEMO_KEEP=1 leaves the servers running.
+demo: build dendrite
+	$(GO) run ./cmd/demo
 
 test: lint dendrite
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)

@@ -190,6 +190,15 @@ func (a *principalActor) dropIfEnded(ctx context.Context, e journal.PendingEvent
 	return true, err
 }
 
+// Replies relates an answer to the event it answers as the principal's own
+// turns do, for answers made elsewhere (the agent API).
+type Replies struct{}
+
+// RelateReply returns replyContent(content, source, thread).
+func (Replies) RelateReply(content json.RawMessage, source string, thread *string) (json.RawMessage, error) {
+	return replyContent(content, source, thread)
+}
+
 // replyContent relates the agent's content to the event it answers: in the
 // event's thread when it has one (with the event as the fallback reply),
 // as a reply to it otherwise. Content that already names a relation keeps

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -12,6 +15,7 @@ import (
 	"github.com/mindroomd/mindroomd/actors"
 	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
+	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/store"
@@ -21,12 +25,18 @@ import (
 // yet.
 var errBackendUnavailable = errors.New("back-end not available in this build")
 
+// leaveTimeout bounds a leave asked through the API: the fence's
+// transaction and one request to the homeserver.
+const leaveTimeout = time.Minute
+
 // daemon is what run started, stopped in the reverse order.
 type daemon struct {
 	log        zerolog.Logger
 	store      *store.Store
 	system     *actor.ActorSystem
 	principals []*actor.PID
+	apiAgents  map[string]api.Agent
+	server     *http.Server
 	faults     chan error
 }
 
@@ -39,7 +49,8 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	if err != nil {
 		return err
 	}
-	d := &daemon{log: zerolog.New(stderr).With().Timestamp().Logger(), faults: make(chan error, len(cfg.Agents)+1)}
+	d := &daemon{log: zerolog.New(stderr).With().Timestamp().Logger(), faults: make(chan error, len(cfg.Agents)+2),
+		apiAgents: make(map[string]api.Agent)}
 	defer func() { err = errors.Join(err, d.stop()) }()
 	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log}); err != nil {
 		return err
@@ -50,7 +61,10 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 			return fmt.Errorf("agents[%d] %s: %w", i, a.Name, err)
 		}
 	}
-	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Msg("mindroomd running")
+	if err := d.serve(cfg.Listen); err != nil {
+		return err
+	}
+	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("listen", cfg.Listen).Msg("mindroomd running")
 	select {
 	case <-ctx.Done():
 		d.log.Info().Msg("Shutting down")
@@ -83,17 +97,54 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	if err != nil {
 		return err
 	}
-	d.principals = append(d.principals, d.system.Root.Spawn(principal.Props(principal.Deps{
+	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
 		Store: view, Transport: client, Agent: answer,
 		Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client), DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
-	})))
+	}))
+	d.principals = append(d.principals, pid)
+	d.apiAgents[a.Name] = api.Agent{Store: view, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
+		Leave: func(ctx context.Context, room string) error {
+			res, err := d.system.Root.RequestFuture(pid, &principal.Leave{RoomID: room}, leaveTimeout).Result()
+			if err != nil {
+				return err
+			}
+			return res.(*principal.Left).Err
+		}}
 	return nil
 }
 
-// stop shuts down what started: the principals, then the journal.
+// serve starts the agent API on listen. Long-polls, streams and exports
+// hold a response open for minutes, so only reading the request is bounded.
+func (d *daemon) serve(listen string) error {
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	d.server = &http.Server{
+		Handler:           api.New(api.Deps{Agents: d.apiAgents, Replier: principal.Replies{}, Log: d.log.With().Str("component", "api").Logger()}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		if err := d.server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.faults <- fmt.Errorf("agent API: %w", err)
+		}
+	}()
+	return nil
+}
+
+// stop shuts down what started, in reverse: intake (the agent API) first,
+// then the principals, the journal last.
 func (d *daemon) stop() error {
+	if d.server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Open long-polls and streams end with the deadline.
+		if err := d.server.Shutdown(ctx); err != nil {
+			_ = d.server.Close()
+		}
+		cancel()
+	}
 	for i := len(d.principals) - 1; i >= 0; i-- {
 		if err := d.system.Root.StopFuture(d.principals[i]).Wait(); err != nil {
 			d.log.Warn().Err(err).Msg("Stopping a principal failed")

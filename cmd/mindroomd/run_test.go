@@ -43,6 +43,7 @@ func writeDaemonConfig(t *testing.T, homeserver string, bot dendrite.Account, st
 	}
 	cfg := fmt.Sprintf(`homeserver: %s
 storage: %s
+listen: 127.0.0.1:0
 agents:
   - name: echo
     user_id: "%s"

@@ -369,14 +369,15 @@ type Account struct {
 // and returns its first device's credentials.
 func (s *Server) Register(tb testing.TB, localpart, password string) Account {
 	tb.Helper()
-	acct, err := s.register(tb.Context(), localpart, password)
+	acct, err := s.RegisterAccount(tb.Context(), localpart, password)
 	if err != nil {
 		tb.Fatalf("register %s: %v", localpart, err)
 	}
 	return acct
 }
 
-func (s *Server) register(ctx context.Context, localpart, password string) (Account, error) {
+// RegisterAccount is Register for a caller without a testing.TB (the demo).
+func (s *Server) RegisterAccount(ctx context.Context, localpart, password string) (Account, error) {
 	const endpoint = "/_synapse/admin/v1/register"
 	var nonce struct {
 		Nonce string `json:"nonce"`

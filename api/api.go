@@ -1,0 +1,292 @@
+// Package api is the HTTP API external agents use: they read conversations,
+// take their principal's pending work (a page, a long-poll or a stream),
+// answer it, ignore it, leave rooms and export conversations.
+//
+// Every /v1 route is scoped to one agent and needs that agent's bearer
+// token: a token reads and answers only its own principal's data. Errors
+// are JSON, {"error":{"code":...,"message":...}}, with a matching status;
+// a 200 never carries an error.
+//
+// Routes:
+//
+//	GET  /healthz                                     no token; {"status":"ok"}
+//	GET  /v1/agents/{agent}/rooms/{room_id}/messages  a conversation page (thread, limit, before, strict)
+//	GET  /v1/agents/{agent}/pending                   pending work (limit, after, wait: a long-poll)
+//	GET  /v1/agents/{agent}/pending/stream            pending work as server-sent events (Last-Event-ID)
+//	POST /v1/agents/{agent}/events/{event_id}/reply   answer an event, idempotently
+//	POST /v1/agents/{agent}/events/{event_id}/ignore  settle an event unanswered
+//	POST /v1/agents/{agent}/rooms/{room_id}/leave     leave a room
+//	GET  /v1/agents/{agent}/rooms/{room_id}/export    a whole conversation, oldest first (jsonl, markdown)
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// Defaults and bounds of the API.
+const (
+	// DefaultLimit is the page size of a list given no limit.
+	DefaultLimit = 50
+	// MaxLimit is the largest page a list may ask for.
+	MaxLimit = 1000
+	// MaxWait is the longest a long-poll may wait.
+	MaxWait = 300 * time.Second
+	// MaxReplyBytes bounds a reply request's body.
+	MaxReplyBytes = 64 << 10
+	// DefaultMaxStreams caps concurrent pending streams when Deps gives no
+	// cap.
+	DefaultMaxStreams = 64
+	// DefaultHeartbeat spaces the comments that keep an idle stream open
+	// through proxies.
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultExportPage is the page size an export reads with.
+	DefaultExportPage = journal.DefaultExportPage
+)
+
+// Agent is one agent as the API serves it.
+type Agent struct {
+	// Store is the agent's principal-bound view of the journal.
+	Store journal.PrincipalStore
+	// Token is the bearer token that authorizes this agent's routes; it must
+	// differ from every other agent's. An empty token authorizes nothing.
+	// It is a secret: never logged.
+	Token string
+	// Hints carries the store's after-commit wake-ups; long-polls and
+	// streams wait on it. Required.
+	Hints *hint.Bus
+	// Leave asks the agent's principal to leave a room (fence first, then
+	// the homeserver). Nil refuses leave requests.
+	Leave func(ctx context.Context, roomID string) error
+}
+
+// Replier relates an agent's answer to the event it answers, exactly as the
+// principal's own turns do, so a reply posted here and one the principal
+// made are the same bytes and the same delivery.
+type Replier interface {
+	// RelateReply returns content related to source: in thread when it is
+	// not nil (with source as the fallback reply), as a reply to source
+	// otherwise. It must be deterministic: a replayed reply is recognised by
+	// comparing its related content with the recorded one.
+	RelateReply(content json.RawMessage, source string, thread *string) (json.RawMessage, error)
+}
+
+// Deps configure New.
+type Deps struct {
+	// Agents are the served agents by agent name.
+	Agents map[string]Agent
+	// Replier relates replies to their events; without it the reply route
+	// answers 501.
+	Replier Replier
+	// Log receives the API's logs (default: discarded).
+	Log zerolog.Logger
+	// CursorKey authenticates conversation cursors. When empty a random key
+	// is drawn, so cursors do not outlive the process.
+	CursorKey []byte
+	// MaxStreams caps concurrent pending streams (default
+	// DefaultMaxStreams); past it a stream is refused with 503.
+	MaxStreams int
+	// Heartbeat spaces stream keep-alive comments (default
+	// DefaultHeartbeat).
+	Heartbeat time.Duration
+	// ExportPage is the page size of an export (default DefaultExportPage).
+	ExportPage int
+}
+
+type server struct {
+	agents map[string]Agent
+	// replies serializes each agent's replies: the check for an earlier
+	// answer and the enqueue of this one must not interleave with another
+	// reply's, or two different answers could both be taken.
+	replies    map[string]*sync.Mutex
+	replier    Replier
+	log        zerolog.Logger
+	cursors    journal.CursorCodec
+	streams    chan struct{}
+	heartbeat  time.Duration
+	exportPage int
+}
+
+// New returns the API's handler.
+func New(deps Deps) http.Handler {
+	s := &server{
+		agents:     deps.Agents,
+		replier:    deps.Replier,
+		log:        deps.Log,
+		cursors:    journal.CursorCodec{Key: deps.CursorKey},
+		heartbeat:  deps.Heartbeat,
+		exportPage: deps.ExportPage,
+	}
+	s.replies = make(map[string]*sync.Mutex, len(s.agents))
+	for name := range s.agents {
+		s.replies[name] = new(sync.Mutex)
+	}
+	if len(s.cursors.Key) == 0 {
+		s.cursors.Key = make([]byte, 32)
+		_, _ = rand.Read(s.cursors.Key) // never fails: see crypto/rand.Read
+	}
+	if deps.MaxStreams <= 0 {
+		deps.MaxStreams = DefaultMaxStreams
+	}
+	s.streams = make(chan struct{}, deps.MaxStreams)
+	if s.heartbeat <= 0 {
+		s.heartbeat = DefaultHeartbeat
+	}
+	if s.exportPage <= 0 {
+		s.exportPage = DefaultExportPage
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /v1/agents/{agent}/rooms/{room_id}/messages", s.authed(s.messages))
+	mux.HandleFunc("GET /v1/agents/{agent}/pending", s.authed(s.pending))
+	mux.HandleFunc("GET /v1/agents/{agent}/pending/stream", s.authed(s.stream))
+	mux.HandleFunc("POST /v1/agents/{agent}/events/{event_id}/reply", s.authed(s.reply))
+	mux.HandleFunc("POST /v1/agents/{agent}/events/{event_id}/ignore", s.authed(s.ignore))
+	mux.HandleFunc("POST /v1/agents/{agent}/rooms/{room_id}/leave", s.authed(s.leave))
+	mux.HandleFunc("GET /v1/agents/{agent}/rooms/{room_id}/export", s.authed(s.export))
+	// The mux's own 404 and 405 are plain text; every answer of this API is
+	// JSON, so they are caught and spelled as JSON.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		rec := &statusRecorder{header: make(http.Header)}
+		h.ServeHTTP(rec, r)
+		if allow := rec.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		if rec.status == http.StatusMethodNotAllowed {
+			writeError(w, rec.status, codeMethodNotAllowed, "method not allowed")
+			return
+		}
+		writeError(w, http.StatusNotFound, codeNotFound, "no such route")
+	})
+}
+
+// statusRecorder keeps the status and headers of the mux's own answers.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Header() http.Header         { return r.header }
+func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *statusRecorder) WriteHeader(status int)      { r.status = status }
+
+// agentHandler serves one authorized agent's request.
+type agentHandler func(w http.ResponseWriter, r *http.Request, name string, a Agent)
+
+// authed checks the bearer token before h runs: no token, or one no agent
+// holds, is 401; an unknown agent is 404; another agent's token is 403.
+// Every agent's token is compared, in constant time, so the answer's timing
+// does not tell which agent's token was close.
+func (s *server) authed(h agentHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearer(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mindroomd"`)
+			writeError(w, http.StatusUnauthorized, codeUnauthorized, "a bearer token is required")
+			return
+		}
+		holder := ""
+		for name, a := range s.agents {
+			if a.Token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(a.Token)) == 1 {
+				holder = name
+			}
+		}
+		if holder == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mindroomd", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, codeUnauthorized, "the bearer token is not valid")
+			return
+		}
+		name := r.PathValue("agent")
+		a, ok := s.agents[name]
+		if !ok {
+			writeError(w, http.StatusNotFound, codeNotFound, "no such agent")
+			return
+		}
+		if holder != name {
+			writeError(w, http.StatusForbidden, codeForbidden, "the token belongs to another agent")
+			return
+		}
+		h(w, r, name, a)
+	}
+}
+
+func bearer(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// Error codes of the JSON error body.
+const (
+	codeBadRequest       = "bad_request"
+	codeUnauthorized     = "unauthorized"
+	codeForbidden        = "forbidden"
+	codeNotFound         = "not_found"
+	codeConflict         = "conflict"
+	codeTooLarge         = "payload_too_large"
+	codeUnavailable      = "unavailable"
+	codeInternal         = "internal"
+	codeNotImplemented   = "not_implemented"
+	codeMethodNotAllowed = "method_not_allowed"
+)
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	var b errorBody
+	b.Error.Code, b.Error.Message = code, message
+	writeJSON(w, status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to tell it
+}
+
+// fail answers a store error: a caller's mistake is 400, a closed store
+// 503, anything else 500 with the cause logged and not shown.
+func (s *server) fail(w http.ResponseWriter, r *http.Request, agent string, err error) {
+	switch {
+	case errors.Is(err, journal.ErrInvalidArgument), errors.Is(err, journal.ErrBadCursor),
+		errors.Is(err, journal.ErrCursorConversation):
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+	case errors.Is(err, journal.ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "the journal is closed")
+	case r.Context().Err() != nil:
+		// The client is gone; nobody reads an answer.
+	default:
+		s.log.Error().Err(err).Str("agent", agent).Str("method", r.Method).Str("path", r.URL.Path).
+			Msg("API request failed")
+		writeError(w, http.StatusInternalServerError, codeInternal, "internal error")
+	}
+}

@@ -1,0 +1,105 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// message is one message of a conversation page or export.
+type message struct {
+	EventID   string          `json:"event_id"`
+	Sender    string          `json:"sender"`
+	CreatedTS int64           `json:"created_ts"`
+	Content   json.RawMessage `json:"content"`
+}
+
+type messagesResponse struct {
+	Messages []message `json:"messages"`
+	// NextCursor continues with older messages; null at the start of the
+	// conversation.
+	NextCursor  *string  `json:"next_cursor"`
+	OwedRefetch []string `json:"owed_refetch"`
+}
+
+func toMessage(m journal.Message) message {
+	return message{EventID: m.EventID, Sender: m.Sender, CreatedTS: m.CreatedTS, Content: m.Content}
+}
+
+// messages serves one page of a conversation, oldest message first. The
+// cursor is opaque and bound to its conversation: a cursor of another room
+// or thread, or an altered one, is refused.
+func (s *server) messages(w http.ResponseWriter, r *http.Request, name string, a Agent) {
+	q := r.URL.Query()
+	room := r.PathValue("room_id")
+	thread, ok := threadParam(w, q.Get("thread"))
+	if !ok {
+		return
+	}
+	limit, ok := limitParam(w, q.Get("limit"))
+	if !ok {
+		return
+	}
+	req := journal.ReadRequest{RoomID: room, Thread: thread, Limit: limit}
+	if v := q.Get("strict"); v != "" {
+		strict, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "strict must be true or false")
+			return
+		}
+		req.Strict = strict
+	}
+	if v := q.Get("before"); v != "" {
+		cur, err := s.cursors.Decode(room, thread, v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "before: "+err.Error())
+			return
+		}
+		req.Before = &cur
+	}
+	page, err := a.Store.Read(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	resp := messagesResponse{Messages: make([]message, 0, len(page.Messages)), OwedRefetch: page.OwedRefetch}
+	for _, m := range page.Messages {
+		resp.Messages = append(resp.Messages, toMessage(m))
+	}
+	if resp.OwedRefetch == nil {
+		resp.OwedRefetch = []string{}
+	}
+	if page.NextCursor != nil {
+		token := s.cursors.Encode(room, thread, *page.NextCursor)
+		resp.NextCursor = &token
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// threadParam reads the thread parameter: "" is the room itself.
+func threadParam(w http.ResponseWriter, v string) (*string, bool) {
+	if v == "" {
+		return nil, true
+	}
+	if !journal.ValidEventID(v) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "thread must be the event ID of a thread root")
+		return nil, false
+	}
+	return &v, true
+}
+
+// limitParam reads a page size: DefaultLimit when absent, 1 to MaxLimit
+// otherwise.
+func limitParam(w http.ResponseWriter, v string) (int, bool) {
+	if v == "" {
+		return DefaultLimit, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 || n > MaxLimit {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "limit must be an integer from 1 to "+strconv.Itoa(MaxLimit))
+		return 0, false
+	}
+	return n, true
+}

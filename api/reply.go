@@ -1,0 +1,311 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"reflect"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// findPage is how many pending rows one step of an event's search reads.
+const findPage = 256
+
+type replyRequest struct {
+	Body string `json:"body"`
+	// Format is "plain" (default) or "markdown". Markdown is sent as its
+	// source text in body, with no formatted_body: clients that render
+	// markdown show it, the others show it as typed.
+	Format string `json:"format"`
+	// Placeholder sends the reply as the answer's placeholder (the initial
+	// stage the final later edits) and leaves the event pending.
+	Placeholder bool `json:"placeholder"`
+	// RoomID, optional, names the event's room, so an event that is no
+	// longer pending can be told apart from one never admitted.
+	RoomID string `json:"room_id"`
+}
+
+type replyResponse struct {
+	DeliveryID string `json:"delivery_id"`
+	TxnID      string `json:"txn_id"`
+	// Outcome is created, updated or frozen (what the enqueue did to the
+	// outbox row), or replayed when the same reply was already recorded and
+	// nothing was enqueued.
+	Outcome string `json:"outcome"`
+}
+
+// deliveryID names the reply to a source event: the one the principal's
+// own turns use, so an answer made here and one made there are one row.
+func deliveryID(eventID string) string { return "reply:" + eventID }
+
+// reply answers a pending event. The answer is recorded in its turn record
+// in the transaction that enqueues it and settles the event, so posting the
+// same reply again finds the record and sends nothing; a different answer
+// to an answered event is a conflict.
+func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Agent) {
+	ctx := r.Context()
+	eventID := r.PathValue("event_id")
+	if !journal.ValidEventID(eventID) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "event_id is not an event ID")
+		return
+	}
+	req, ok := decodeReply(w, r)
+	if !ok {
+		return
+	}
+	if s.replier == nil {
+		writeError(w, http.StatusNotImplemented, codeNotImplemented, "replies are not served")
+		return
+	}
+	answer, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": req.Body})
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	st := a.Store
+	id := deliveryID(eventID)
+	mu := s.replies[name]
+	mu.Lock()
+	defer mu.Unlock()
+
+	rec, answered, err := st.TurnForEvent(ctx, eventID)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	if answered {
+		s.replayReply(w, r, name, a, rec, eventID, answer, req.Placeholder)
+		return
+	}
+
+	e, found, err := findPending(ctx, st, eventID)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	if !found {
+		if req.RoomID != "" {
+			_, seen, err := st.AdmittedThreadID(ctx, req.RoomID, eventID)
+			if err != nil {
+				s.fail(w, r, name, err)
+				return
+			}
+			if seen {
+				writeError(w, http.StatusConflict, codeConflict, "the event is no longer pending and was not answered by a reply")
+				return
+			}
+		}
+		writeError(w, http.StatusNotFound, codeNotFound, "no pending event has this ID")
+		return
+	}
+	thread, _, err := st.AdmittedThreadID(ctx, e.RoomID, eventID)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	content, err := s.replier.RelateReply(answer, eventID, thread)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	enq := journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal, RoomID: e.RoomID, Thread: thread,
+		TurnID: id, Content: content, Sources: []string{eventID},
+		Turn: &journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
+			Sources: []string{eventID}, Record: content}}
+	if req.Placeholder {
+		// Source-less, so the event stays pending until its answer.
+		enq = journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageInitial, RoomID: e.RoomID,
+			Thread: thread, Content: content}
+	}
+	res, err := st.EnqueueAndSettle(ctx, enq)
+	switch {
+	case errors.Is(err, journal.ErrMembershipEnded), errors.Is(err, journal.ErrDeliveryRetired):
+		// Nothing may answer the event now; it is dropped, as the
+		// principal's own turns drop it.
+		if _, serr := st.Settle(ctx, eventID); serr != nil {
+			s.fail(w, r, name, serr)
+			return
+		}
+		writeError(w, http.StatusConflict, codeConflict, "the membership the event came under has ended")
+		return
+	case errors.Is(err, journal.ErrUnknownSource):
+		writeError(w, http.StatusNotFound, codeNotFound, "no pending event has this ID")
+		return
+	case err != nil:
+		s.fail(w, r, name, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, replyResponse{DeliveryID: id, TxnID: res.TxnID, Outcome: enqueueOutcome(res.Outcome)})
+}
+
+// replayReply answers a reply to an event whose answer is recorded: the
+// same answer again is the recorded delivery; any other is a conflict.
+func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string, a Agent,
+	rec journal.TurnRecord, eventID string, answer json.RawMessage, placeholder bool) {
+	if placeholder {
+		writeError(w, http.StatusConflict, codeConflict, "the event is already answered")
+		return
+	}
+	thread, _, err := a.Store.AdmittedThreadID(r.Context(), rec.RoomID, eventID)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	content, err := s.replier.RelateReply(answer, eventID, thread)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	same, err := sameJSON(rec.Record, content)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	if !same {
+		writeError(w, http.StatusConflict, codeConflict, "the event is already answered with a different reply")
+		return
+	}
+	id := deliveryID(eventID)
+	writeJSON(w, http.StatusOK, replyResponse{DeliveryID: id,
+		TxnID: journal.TxnID(a.Store.Principal(), id, journal.StageFinal), Outcome: "replayed"})
+}
+
+// decodeReply reads one JSON reply request of at most MaxReplyBytes.
+func decodeReply(w http.ResponseWriter, r *http.Request) (replyRequest, bool) {
+	var req replyRequest
+	body := http.MaxBytesReader(w, r.Body, MaxReplyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err == nil && dec.More() {
+		err = errors.New("trailing data after the JSON object")
+	}
+	if err == nil {
+		// Drain to the end, so an oversized body is refused even when its
+		// JSON object closed early.
+		_, err = io.Copy(io.Discard, body)
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, "the request body is larger than 64 KiB")
+		return req, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, codeBadRequest, "the request body must be one JSON object: "+err.Error())
+		return req, false
+	case req.Body == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, "body is required")
+		return req, false
+	}
+	switch req.Format {
+	case "", "plain", "markdown":
+	default:
+		writeError(w, http.StatusBadRequest, codeBadRequest, "format must be plain or markdown")
+		return req, false
+	}
+	if req.RoomID != "" && !journal.ValidRoomID(req.RoomID) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "room_id is not a room ID")
+		return req, false
+	}
+	return req, true
+}
+
+func enqueueOutcome(o journal.EnqueueOutcome) string {
+	switch o {
+	case journal.EnqueueCreated:
+		return "created"
+	case journal.EnqueueUpdated:
+		return "updated"
+	case journal.EnqueueFrozen:
+		return "frozen"
+	}
+	return "unknown"
+}
+
+// sameJSON compares two JSON documents by value: the stored record may be
+// spelled differently (key order, spacing) from a fresh encoding.
+func sameJSON(a, b json.RawMessage) (bool, error) {
+	va, err := decodeNumbers(a)
+	if err != nil {
+		return false, err
+	}
+	vb, err := decodeNumbers(b)
+	if err != nil {
+		return false, err
+	}
+	return reflect.DeepEqual(va, vb), nil
+}
+
+func decodeNumbers(b json.RawMessage) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	return v, dec.Decode(&v)
+}
+
+// findPending searches the principal's pending work for one event, in
+// bounded pages.
+func findPending(ctx context.Context, st journal.PrincipalStore, eventID string) (journal.PendingEvent, bool, error) {
+	var after int64
+	for {
+		page, err := st.Pending(ctx, findPage, after)
+		if err != nil {
+			return journal.PendingEvent{}, false, err
+		}
+		for _, e := range page.Events {
+			if e.EventID == eventID {
+				return e, true, nil
+			}
+		}
+		if !page.More {
+			return journal.PendingEvent{}, false, nil
+		}
+		after = page.Next
+	}
+}
+
+// ignore settles a pending event without an answer. A placeholder already
+// queued for it is withdrawn; one already sent stays.
+func (s *server) ignore(w http.ResponseWriter, r *http.Request, name string, a Agent) {
+	eventID := r.PathValue("event_id")
+	if !journal.ValidEventID(eventID) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "event_id is not an event ID")
+		return
+	}
+	n, err := a.Store.Settle(r.Context(), eventID)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	if n == 0 {
+		writeError(w, http.StatusNotFound, codeNotFound, "no pending event has this ID")
+		return
+	}
+	err = a.Store.Retire(r.Context(), deliveryID(eventID), journal.StageInitial)
+	if err != nil && !errors.Is(err, journal.ErrNoDelivery) && !errors.Is(err, journal.ErrNotClaimable) {
+		s.log.Warn().Err(err).Str("agent", name).Str("event_id", eventID).Msg("Withdrawing the placeholder failed")
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"event_id": eventID, "settled": true})
+}
+
+// leave asks the principal to leave a room.
+func (s *server) leave(w http.ResponseWriter, r *http.Request, name string, a Agent) {
+	room := r.PathValue("room_id")
+	if !journal.ValidRoomID(room) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "room_id is not a room ID")
+		return
+	}
+	if a.Leave == nil {
+		writeError(w, http.StatusNotImplemented, codeNotImplemented, "this agent cannot leave rooms here")
+		return
+	}
+	if err := a.Leave(r.Context(), room); err != nil {
+		s.fail(w, r, name, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"room_id": room, "left": true})
+}
