@@ -33,6 +33,12 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal starts an orderly shutdown; the handler then goes,
+	// so a second signal ends the process at once.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

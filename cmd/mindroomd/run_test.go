@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -145,5 +147,92 @@ func TestRunRefusesABadConfigurationWithItsExitCode(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "agents") {
 		t.Fatalf("the error does not name the field: %s", stderr.String())
+	}
+}
+
+func TestASIGTERMWithRepliesInFlightLosesNothingAndAnswersNothingTwice(t *testing.T) {
+	bin, err := buildOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "echo", "echo-password-9b2e")
+	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
+	room := alice.CreateRoom(bot.UserID)
+	cfg := writeDaemonConfig(t, hs.URL, bot, t.TempDir())
+
+	start := func() *exec.Cmd {
+		cmd := exec.Command(bin, "run", "-config", cfg)
+		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
+		cmd.Stderr = &syncBuffer{}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+		})
+		return cmd
+	}
+	answered := func(text string) func(json.RawMessage) bool {
+		return func(raw json.RawMessage) bool {
+			var ev struct {
+				Sender  string `json:"sender"`
+				Content struct {
+					Body string `json:"body"`
+				} `json:"content"`
+			}
+			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
+		}
+	}
+
+	daemon := start()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.SendText(room, "first")
+	alice.AwaitEvent(ctx, room, answered("first"))
+	const burst = 20
+	for i := range burst {
+		alice.SendText(room, fmt.Sprintf("burst %d", i))
+	}
+	// Stop while the burst is being answered.
+	alice.AwaitEvent(ctx, room, answered("burst 0"))
+	if err := daemon.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := daemon.Wait(); err != nil {
+		t.Fatalf("the daemon's orderly shutdown failed: %v\n%s", err, daemon.Stderr)
+	}
+
+	daemon = start()
+	for i := range burst {
+		alice.AwaitEvent(ctx, room, answered(fmt.Sprintf("burst %d", i)))
+	}
+	_ = daemon.Process.Signal(syscall.SIGTERM)
+	if err := daemon.Wait(); err != nil {
+		t.Fatalf("the restarted daemon's shutdown failed: %v", err)
+	}
+	answers := map[string]int{}
+	for _, raw := range alice.Messages(room) {
+		var ev struct {
+			Sender  string `json:"sender"`
+			Type    string `json:"type"`
+			Content struct {
+				Body string `json:"body"`
+			} `json:"content"`
+		}
+		if json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Type == "m.room.message" {
+			answers[ev.Content.Body]++
+		}
+	}
+	if len(answers) != burst+1 {
+		t.Fatalf("%d distinct answers, want %d: %v", len(answers), burst+1, answers)
+	}
+	for body, n := range answers {
+		if n != 1 {
+			t.Fatalf("%q was answered %d times", body, n)
+		}
 	}
 }
