@@ -460,6 +460,16 @@ func (c *Config) readSecrets(dir string) error {
 			*s.dst = v
 		}
 	}
+	// A bearer token names its agent: two agents sharing one would each
+	// get the other's requests.
+	for i := range c.Agents {
+		for j := range i {
+			if t := c.Agents[i].APIToken; t.IsSet() && t.Reveal() == c.Agents[j].APIToken.Reveal() {
+				return &Error{Field: fmt.Sprintf("agents[%d].api_token_file", i),
+					Err: fmt.Errorf("the same token as agents[%d]'s; each agent needs its own", j)}
+			}
+		}
+	}
 	return nil
 }
 

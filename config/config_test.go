@@ -492,3 +492,33 @@ agents:
 		}
 	}
 }
+
+func TestTwoAgentsCannotShareAnAPIToken(t *testing.T) {
+	dir := t.TempDir()
+	for name, v := range map[string]string{"a.pw": "pw-a", "b.pw": "pw-b", "a.tok": "same-token", "b.tok": "same-token\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	yaml := `homeserver: http://127.0.0.1:8008
+agents:
+  - name: a
+    user_id: "@a:localhost"
+    password_file: a.pw
+    api_token_file: a.tok
+    backend: {type: http}
+  - name: b
+    user_id: "@b:localhost"
+    password_file: b.pw
+    api_token_file: b.tok
+    backend: {type: http}
+`
+	_, err := config.Parse([]byte(yaml), dir, func(string) (string, bool) { return "", false })
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.Field != "agents[1].api_token_file" {
+		t.Fatalf("err = %v, want a refusal naming agents[1].api_token_file", err)
+	}
+	if strings.Contains(err.Error(), "same-token") {
+		t.Fatalf("the error shows the token: %v", err)
+	}
+}

@@ -49,6 +49,13 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	if err != nil {
 		return err
 	}
+	// Every back-end is checked before anything opens or signs in.
+	answers := make([]principal.Agent, len(cfg.Agents))
+	for i, a := range cfg.Agents {
+		if answers[i], err = backend(i, a); err != nil {
+			return err
+		}
+	}
 	d := &daemon{log: zerolog.New(stderr).With().Timestamp().Logger(), faults: make(chan error, len(cfg.Agents)+2),
 		apiAgents: make(map[string]api.Agent)}
 	defer func() { err = errors.Join(err, d.stop()) }()
@@ -57,7 +64,7 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	}
 	d.system = actors.NewSystem(d.log)
 	for i, a := range cfg.Agents {
-		if err := d.startAgent(ctx, cfg, a); err != nil {
+		if err := d.startAgent(ctx, cfg, a, answers[i]); err != nil {
 			return fmt.Errorf("agents[%d] %s: %w", i, a.Name, err)
 		}
 	}
@@ -76,17 +83,21 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	}
 }
 
-// startAgent signs one agent in and starts its principal.
-func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent) error {
-	var answer principal.Agent
+// backend is the Agent the i-th agent's back-end answers with: none for
+// http, where an outside agent takes the work through the agent API.
+func backend(i int, a config.Agent) (principal.Agent, error) {
 	switch a.Backend.Type {
 	case config.BackendEcho:
-		answer = agent.Echo{}
+		return agent.Echo{}, nil
 	case config.BackendHTTP:
-		// An outside agent takes the work through the agent API.
-	default:
-		return &config.Error{Field: "backend.type", Err: fmt.Errorf("%w: %s", errBackendUnavailable, a.Backend.Type)}
+		return nil, nil
 	}
+	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
+		Err: fmt.Errorf("%w: %s", errBackendUnavailable, a.Backend.Type)}
+}
+
+// startAgent signs one agent in and starts its principal.
+func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer principal.Agent) error {
 	view, err := d.store.Principal(ctx, a.Name, a.UserID)
 	if err != nil {
 		return err

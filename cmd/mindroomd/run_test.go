@@ -236,3 +236,36 @@ func TestASIGTERMWithRepliesInFlightLosesNothingAndAnswersNothingTwice(t *testin
 		}
 	}
 }
+
+func TestRunRefusesABackEndItCannotRunBeforeOpeningAnything(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pw"), []byte("pw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	storage := filepath.Join(dir, "storage")
+	cfg := fmt.Sprintf(`homeserver: http://127.0.0.1:1
+storage: %s
+agents:
+  - name: later
+    user_id: "@later:localhost"
+    password_file: pw
+    backend:
+      type: openai
+      base_url: http://127.0.0.1:2/v1
+      model: m
+`, storage)
+	path := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := execute(context.Background(), []string{"run", "-config", path}, &bytes.Buffer{}, &stderr); code != exitConfig {
+		t.Fatalf("exit code %d, want %d; stderr: %s", code, exitConfig, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "agents[0].backend.type") {
+		t.Fatalf("the error does not name the field: %s", stderr.String())
+	}
+	if _, err := os.Stat(storage); !os.IsNotExist(err) {
+		t.Fatalf("the journal's directory was created before the refusal: %v", err)
+	}
+}
