@@ -81,6 +81,9 @@ type Options struct {
 	// waited so far. The writer logs the wait and keeps retrying; a metric
 	// can count here. It runs on the writer: it must not block.
 	OnBusy func(waited time.Duration)
+	// OnCommit, when set, learns of every commit: how many commands it held
+	// and how long its transaction took (metrics listen here).
+	OnCommit func(commands int, took time.Duration)
 
 	// afterMergeCycle, when set, runs after each background merge cycle
 	// that did not fail, with whether it finished, so a test can wait for
@@ -90,13 +93,14 @@ type Options struct {
 
 // Store is an open journal. It implements journal.Store.
 type Store struct {
-	db     *sqlitefs.DB
-	system *actor.ActorSystem
-	writer *actor.PID
-	hints  *hint.Bus
-	log    zerolog.Logger
-	now    func() time.Time
-	sem    chan struct{}
+	onCommit func(commands int, took time.Duration)
+	db       *sqlitefs.DB
+	system   *actor.ActorSystem
+	writer   *actor.PID
+	hints    *hint.Bus
+	log      zerolog.Logger
+	now      func() time.Time
+	sem      chan struct{}
 
 	afterMergeCycle func(finished bool)
 
@@ -144,6 +148,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		closing: make(chan struct{}),
 
 		afterMergeCycle: opts.afterMergeCycle,
+		onCommit:        opts.OnCommit,
 
 		commits: make(chan struct{}, 1),
 		merges:  make(chan struct{}, 1),
@@ -176,12 +181,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	})
 	s.background.Go(func() { s.runCheckpoints(bg, opts.CheckpointInterval) })
 	if db.Unmerged() > 0 {
-		s.committed(0) // a tail left by the last process merges soon, not at the next commit
+		s.nudgeMerges() // a tail left by the last process merges soon, not at the next commit
 	}
 	return s, nil
 }
 
-func (s *Store) committed(int) {
+func (s *Store) committed(commands int, took time.Duration) {
+	if s.onCommit != nil {
+		s.onCommit(commands, took)
+	}
 	select {
 	case s.commits <- struct{}{}:
 	default: // a checkpoint is already due

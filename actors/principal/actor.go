@@ -65,6 +65,11 @@ type Deps struct {
 	// OnFault, when set, learns of a fault that stopped the actor (the
 	// account's access token stopped working).
 	OnFault func(error)
+	// OnSynced, when set, learns of each sync response admitted, with its
+	// admission results; OnDelivery of each step a reply passes (metrics
+	// listen here).
+	OnSynced   func(results []journal.AdmitResult)
+	OnDelivery func(outbox.Point)
 }
 
 // Props returns the actor's props. A failure stops the actor, and with it
@@ -137,6 +142,7 @@ func (a *principalActor) start(ctx actor.Context) {
 	a.outbox = a.root.Spawn(outbox.Props(outbox.Deps{
 		Outbox: a.deps.Store, Sender: a.deps.Sender, Reconciler: a.deps.Reconciler, DeviceID: a.deps.DeviceID,
 		Hints: a.deps.Hints.Subscribe(p.String()), Now: a.deps.Now, Log: a.log.With().Str("actor", "outbox").Logger(),
+		Observe: a.observeDelivery,
 	}))
 	var loopCtx context.Context
 	loopCtx, a.cancel = context.WithCancel(context.Background())
@@ -153,6 +159,13 @@ func (a *principalActor) start(ctx actor.Context) {
 	run("sync", a.syncLoop)
 	if a.deps.Agent != nil {
 		run("work", a.workLoop)
+	}
+}
+
+// observeDelivery passes a reply's steps on to OnDelivery.
+func (a *principalActor) observeDelivery(p outbox.Point, _ journal.Delivery) {
+	if a.deps.OnDelivery != nil {
+		a.deps.OnDelivery(p)
 	}
 }
 

@@ -102,6 +102,9 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 			a.log.Warn().Str("event_id", r.EventID).Err(r.Err).Msg("Malformed event recorded and skipped")
 		}
 	}
+	if a.deps.OnSynced != nil {
+		a.deps.OnSynced(res)
+	}
 	if a.deps.AutoJoin {
 		for _, room := range batch.Invited {
 			a.join(ctx, room)

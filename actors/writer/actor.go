@@ -72,8 +72,9 @@ type Deps struct {
 	// Publish receives the hints of each committed batch; may be nil.
 	Publish func([]hint.Hint)
 	// Committed, when set, is called after every commit with the number of
-	// commands it held (a checkpointer and metrics listen here).
-	Committed func(commands int)
+	// commands it held and how long its transaction took, BEGIN to the end
+	// of COMMIT (a checkpointer and metrics listen here).
+	Committed func(commands int, took time.Duration)
 	// IsFatal reports storage errors that poison the transaction (disk full,
 	// I/O error, corruption). Such an error stops the writer.
 	IsFatal func(error) bool
@@ -267,10 +268,17 @@ func (a *writerActor) flush(ctx actor.Context) {
 	if err == nil && len(batch) == 0 {
 		return // every caller gave up while the database was busy
 	}
-	var replies []*Executed
-	var tx *Tx
+	var (
+		replies []*Executed
+		tx      *Tx
+		took    time.Duration
+	)
 	if err == nil {
+		// Measured on the monotonic clock: the transaction, from BEGIN to
+		// the end of COMMIT's sync.
+		start := time.Now()
 		replies, tx, err = a.run(batch)
+		took = time.Since(start)
 	}
 	if err != nil {
 		a.failed = &FatalError{Err: err}
@@ -297,7 +305,7 @@ func (a *writerActor) flush(ctx actor.Context) {
 		fault = errors.Join(fault, guard("publish", func() { a.deps.Publish(tx.hints) }))
 	}
 	if a.deps.Committed != nil {
-		fault = errors.Join(fault, guard("committed", func() { a.deps.Committed(len(batch)) }))
+		fault = errors.Join(fault, guard("committed", func() { a.deps.Committed(len(batch), took) }))
 	}
 	if fault != nil {
 		// After-commit work keeps state beside the database in step with

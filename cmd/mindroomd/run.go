@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -18,6 +20,8 @@ import (
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/matrix"
+	"github.com/mindroomd/mindroomd/metrics"
+	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/store"
 )
 
@@ -36,6 +40,7 @@ type daemon struct {
 	system     *actor.ActorSystem
 	principals []*actor.PID
 	apiAgents  map[string]api.Agent
+	metrics    *metrics.Metrics
 	server     *http.Server
 	faults     chan error
 }
@@ -59,7 +64,9 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	d := &daemon{log: zerolog.New(stderr).With().Timestamp().Logger(), faults: make(chan error, len(cfg.Agents)+2),
 		apiAgents: make(map[string]api.Agent)}
 	defer func() { err = errors.Join(err, d.stop()) }()
-	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log}); err != nil {
+	d.metrics = metrics.New(func(ctx context.Context) ([]sqlitefs.PrincipalStatus, error) { return d.store.DB().Status(ctx) }, nil)
+	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
+		OnCommit: d.metrics.Committed, OnBusy: d.metrics.Busy}); err != nil {
 		return err
 	}
 	d.system = actors.NewSystem(d.log)
@@ -68,10 +75,11 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 			return fmt.Errorf("agents[%d] %s: %w", i, a.Name, err)
 		}
 	}
-	if err := d.serve(cfg.Listen); err != nil {
+	addr, err := d.serve(cfg.Listen)
+	if err != nil {
 		return err
 	}
-	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("listen", cfg.Listen).Msg("mindroomd running")
+	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("listen", addr).Msg("mindroomd running")
 	select {
 	case <-ctx.Done():
 		d.log.Info().Msg("Shutting down")
@@ -108,7 +116,9 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	if err != nil {
 		return err
 	}
+	onSynced, onDelivery := d.metrics.Agent(a.Name)
 	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
+		OnSynced: onSynced, OnDelivery: onDelivery,
 		Store: view, Transport: client, Agent: answer,
 		Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client), DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
@@ -126,23 +136,44 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	return nil
 }
 
-// serve starts the agent API on listen. Long-polls, streams and exports
-// hold a response open for minutes, so only reading the request is bounded.
-func (d *daemon) serve(listen string) error {
+// serve starts the agent API and the metrics on listen, and returns the
+// address it listens on. Long-polls, streams and exports hold a response
+// open for minutes, so only reading the request is bounded.
+func (d *daemon) serve(listen string) (string, error) {
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return "", fmt.Errorf("listen: %w", err)
 	}
-	d.server = &http.Server{
-		Handler:           api.New(api.Deps{Agents: d.apiAgents, Replier: principal.Replies{}, Log: d.log.With().Str("component", "api").Logger()}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.metricsAccess(l.Addr(), d.metrics.Handler()))
+	mux.Handle("/", api.New(api.Deps{Agents: d.apiAgents, Replier: principal.Replies{}, Log: d.log.With().Str("component", "api").Logger()}))
+	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := d.server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.faults <- fmt.Errorf("agent API: %w", err)
 		}
 	}()
-	return nil
+	return l.Addr().String(), nil
+}
+
+// metricsAccess serves the metrics openly on a loopback address; on any
+// other, only to a request bearing one of the agents' API tokens.
+func (d *daemon) metricsAccess(addr net.Addr, h http.Handler) http.Handler {
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		for _, a := range d.apiAgents {
+			if ok && a.Token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(a.Token)) == 1 {
+				h.ServeHTTP(w, r)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"error":{"code":"unauthorized","message":"metrics off loopback need an agent's bearer token"}}`))
+	})
 }
 
 // stop shuts down what started, in reverse: intake (the agent API) first,

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,6 +105,19 @@ func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
 	stop, log := start()
 	alice.SendText(room, "hello")
 	awaitEcho("hello")
+	scrape := metricsOf(t, log)
+	for _, want := range []string{
+		`mindroomd_admitted_events_total{agent="echo",outcome="admitted"}`,
+		`mindroomd_delivery_steps_total{agent="echo",step="claimed"}`,
+		`mindroomd_pending_events{agent="echo",user_id="` + bot.UserID + `"} 0`,
+		`mindroomd_writer_commit_seconds_count`,
+		`mindroomd_sync_lag_seconds{agent="echo"}`,
+		`mindroomd_journal_readable 1`,
+	} {
+		if !strings.Contains(scrape, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 	if code := stop(); code != exitOK {
 		t.Fatalf("the daemon exited %d on a cancelled context; its log:\n%s", code, log)
 	}
@@ -268,4 +283,33 @@ agents:
 	if _, err := os.Stat(storage); !os.IsNotExist(err) {
 		t.Fatalf("the journal's directory was created before the refusal: %v", err)
 	}
+}
+
+// metricsOf scrapes the metrics of the daemon whose log is log, at the
+// address its start-up line names.
+func metricsOf(t *testing.T, log *syncBuffer) string {
+	t.Helper()
+	var addr string
+	for _, line := range strings.Split(log.String(), "\n") {
+		var rec struct {
+			Message string `json:"message"`
+			Listen  string `json:"listen"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Message == "mindroomd running" {
+			addr = rec.Listen
+		}
+	}
+	if addr == "" {
+		t.Fatalf("the daemon logged no address; its log:\n%s", log)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %v %s", err, resp.Status)
+	}
+	return string(body)
 }

@@ -1,0 +1,155 @@
+// Package metrics is the daemon's Prometheus registry: what it counts, and
+// the hooks through which the journal, the writer and each principal feed
+// it. It is served as Prometheus text on /metrics.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/mindroomd/mindroomd/actors/outbox"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// statusTimeout bounds the journal read a scrape makes.
+const statusTimeout = 5 * time.Second
+
+// StatusFunc reads every principal's counts from the journal.
+type StatusFunc func(ctx context.Context) ([]sqlitefs.PrincipalStatus, error)
+
+// Metrics is one daemon's registry.
+type Metrics struct {
+	reg        *prometheus.Registry
+	now        func() time.Time
+	admitted   *prometheus.CounterVec
+	deliveries *prometheus.CounterVec
+	batch      prometheus.Histogram
+	commit     prometheus.Histogram
+	busyWaits  prometheus.Counter
+
+	mu       sync.Mutex
+	lastSync map[string]*atomic.Int64 // agent -> unix ms of its last admitted sync
+}
+
+// New returns a registry whose journal gauges read status at each scrape.
+func New(status StatusFunc, now func() time.Time) *Metrics {
+	if now == nil {
+		now = time.Now
+	}
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		now: now,
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mindroomd_admitted_events_total",
+			Help: "Events admission handled, by agent and outcome (admitted, duplicate, rejected).",
+		}, []string{"agent", "outcome"}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mindroomd_delivery_steps_total",
+			Help: "Steps replies passed, by agent and step (claimed, accepted, acknowledged, adopted).",
+		}, []string{"agent", "step"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mindroomd_writer_batch_commands",
+			Help:    "Commands per group commit of the journal writer.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mindroomd_writer_commit_seconds",
+			Help:    "Time of one writer transaction, BEGIN to the end of COMMIT's sync.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
+		}),
+		busyWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mindroomd_writer_busy_waits_total",
+			Help: "Times the writer found another connection holding the write lock and waited.",
+		}),
+		lastSync: make(map[string]*atomic.Int64),
+	}
+	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, journalGauges{status: status},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Committed is the store's OnCommit hook.
+func (m *Metrics) Committed(commands int, took time.Duration) {
+	m.batch.Observe(float64(commands))
+	m.commit.Observe(took.Seconds())
+}
+
+// Busy is the store's OnBusy hook.
+func (m *Metrics) Busy(time.Duration) { m.busyWaits.Inc() }
+
+// Agent returns the principal hooks of one agent, and registers its sync
+// lag gauge.
+func (m *Metrics) Agent(name string) (onSynced func([]journal.AdmitResult), onDelivery func(outbox.Point)) {
+	last := new(atomic.Int64)
+	m.mu.Lock()
+	m.lastSync[name] = last
+	m.mu.Unlock()
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "mindroomd_sync_lag_seconds",
+		Help:        "Seconds since the agent's last sync response was admitted (-1 before the first).",
+		ConstLabels: prometheus.Labels{"agent": name},
+	}, func() float64 {
+		at := last.Load()
+		if at == 0 {
+			return -1
+		}
+		return m.now().Sub(time.UnixMilli(at)).Seconds()
+	}))
+	onSynced = func(results []journal.AdmitResult) {
+		last.Store(m.now().UnixMilli())
+		for _, r := range results {
+			m.admitted.WithLabelValues(name, r.Outcome.String()).Inc()
+		}
+	}
+	onDelivery = func(p outbox.Point) { m.deliveries.WithLabelValues(name, string(p)).Inc() }
+	return onSynced, onDelivery
+}
+
+// Handler serves the registry as Prometheus text.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// journalGauges reads the journal's counts at each scrape: pending work and
+// undelivered replies per agent.
+type journalGauges struct{ status StatusFunc }
+
+var (
+	pendingDesc = prometheus.NewDesc("mindroomd_pending_events",
+		"Actionable events owed a turn, by agent.", []string{"agent", "user_id"}, nil)
+	undeliveredDesc = prometheus.NewDesc("mindroomd_undelivered_replies",
+		"Replies enqueued and not yet acknowledged by the homeserver, by agent.", []string{"agent", "user_id"}, nil)
+	journalUpDesc = prometheus.NewDesc("mindroomd_journal_readable",
+		"1 when the scrape could read the journal's counts, 0 when it could not.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (journalGauges) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pendingDesc
+	ch <- undeliveredDesc
+	ch <- journalUpDesc
+}
+
+// Collect implements prometheus.Collector.
+func (g journalGauges) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	st, err := g.status(ctx)
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(journalUpDesc, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(journalUpDesc, prometheus.GaugeValue, 1)
+	for _, s := range st {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(s.Pending), s.Agent, s.UserID)
+		ch <- prometheus.MustNewConstMetric(undeliveredDesc, prometheus.GaugeValue, float64(s.Undelivered), s.Agent, s.UserID)
+	}
+}
