@@ -285,23 +285,10 @@ agents:
 	}
 }
 
-// metricsOf scrapes the metrics of the daemon whose log is log, at the
-// address its start-up line names.
+// metricsOf scrapes the metrics of the daemon whose log is log.
 func metricsOf(t *testing.T, log *syncBuffer) string {
 	t.Helper()
-	var addr string
-	for _, line := range strings.Split(log.String(), "\n") {
-		var rec struct {
-			Message string `json:"message"`
-			Listen  string `json:"listen"`
-		}
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Message == "mindroomd running" {
-			addr = rec.Listen
-		}
-	}
-	if addr == "" {
-		t.Fatalf("the daemon logged no address; its log:\n%s", log)
-	}
+	addr := daemonAddress(t, log)
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -312,4 +299,150 @@ func metricsOf(t *testing.T, log *syncBuffer) string {
 		t.Fatalf("GET /metrics: %v %s", err, resp.Status)
 	}
 	return string(body)
+}
+
+// apiCall makes one agent API request with the agent's token and decodes
+// its JSON answer into out.
+func apiCall(t *testing.T, method, url, token, body string, out any) int {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: %s: %v", method, url, raw, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// An agent outside the process takes its work through the daemon's API: it
+// long-polls the pending work a real homeserver brought, answers through
+// the reply route (once, however often it posts), and the person sees the
+// answer exactly once.
+func TestAnOutsideAgentAnswersThroughTheDaemonsAPI(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "outside", "outside-password-1f0a")
+	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
+	room := alice.CreateRoom(bot.UserID)
+	dir := t.TempDir()
+	const token = "api-token-for-the-outside-agent"
+	for name, v := range map[string]string{"pw": bot.Password, "tok": token} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
+storage: ./storage
+listen: 127.0.0.1:0
+agents:
+  - name: outside
+    user_id: "%s"
+    password_file: pw
+    api_token_file: tok
+    auto_join: true
+    backend:
+      type: http
+`, hs.URL, bot.UserID)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	log := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() { done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, log) }()
+	defer func() {
+		stop()
+		if code := <-done; code != exitOK {
+			t.Errorf("the daemon exited %d; its log:\n%s", code, log)
+		}
+	}()
+	addr := daemonAddress(t, log)
+	base := "http://" + addr + "/v1/agents/outside"
+
+	question := alice.SendText(room, "are you out there?")
+	var page struct {
+		Events []struct {
+			EventID string `json:"event_id"`
+			RoomID  string `json:"room_id"`
+		} `json:"events"`
+		TimedOut bool `json:"timed_out"`
+	}
+	for len(page.Events) == 0 {
+		if code := apiCall(t, "GET", base+"/pending?wait=30s", token, "", &page); code != http.StatusOK {
+			t.Fatalf("pending: status %d", code)
+		}
+		if page.TimedOut {
+			t.Fatal("the long-poll timed out before the message was admitted")
+		}
+	}
+	if page.Events[0].EventID != question || page.Events[0].RoomID != room {
+		t.Fatalf("pending = %+v, want %s in %s", page.Events, question, room)
+	}
+	var first, again struct {
+		DeliveryID string `json:"delivery_id"`
+		Outcome    string `json:"outcome"`
+	}
+	reply := `{"body":"yes, from outside"}`
+	if code := apiCall(t, "POST", base+"/events/"+question+"/reply", token, reply, &first); code != http.StatusOK {
+		t.Fatalf("reply: status %d", code)
+	}
+	if code := apiCall(t, "POST", base+"/events/"+question+"/reply", token, reply, &again); code != http.StatusOK ||
+		again.DeliveryID != first.DeliveryID {
+		t.Fatalf("the replayed reply = %d %+v, want the same delivery %+v", code, again, first)
+	}
+	if code := apiCall(t, "GET", base+"/pending", "not-the-token", "", nil); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong token got %d, want 401", code)
+	}
+	actx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	alice.AwaitEvent(actx, room, func(raw json.RawMessage) bool {
+		return strings.Contains(string(raw), `"yes, from outside"`)
+	})
+	answers := 0
+	for _, raw := range alice.Messages(room) {
+		if strings.Contains(string(raw), `"yes, from outside"`) {
+			answers++
+		}
+	}
+	if answers != 1 {
+		t.Fatalf("the room shows the answer %d times, want once", answers)
+	}
+}
+
+// daemonAddress waits for the daemon whose log is log to say it runs, and
+// returns the address it listens on. The start-up line is the daemon's only
+// signal, so the log is read until it appears or a minute passes.
+func daemonAddress(t *testing.T, log *syncBuffer) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		for _, line := range strings.Split(log.String(), "\n") {
+			var rec struct {
+				Message string `json:"message"`
+				Listen  string `json:"listen"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Message == "mindroomd running" {
+				return rec.Listen
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the daemon never said it runs; its log:\n%s", log)
+	return ""
 }
