@@ -17,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
@@ -35,25 +36,6 @@ const (
 	// more than a fraction of it.
 	requestTimeout = 20 * time.Second
 )
-
-// relater relates replies as the principal's turns do: in the thread with
-// the source as the fallback reply, or as a plain reply.
-type relater struct{}
-
-func (relater) RelateReply(content json.RawMessage, source string, thread *string) (json.RawMessage, error) {
-	var c map[string]any
-	if err := json.Unmarshal(content, &c); err != nil || c == nil {
-		return nil, fmt.Errorf("%w: reply content must be a JSON object", journal.ErrInvalidArgument)
-	}
-	reply := map[string]any{"event_id": source}
-	if thread != nil {
-		c["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": *thread,
-			"is_falling_back": true, "m.in_reply_to": reply}
-	} else {
-		c["m.relates_to"] = map[string]any{"m.in_reply_to": reply}
-	}
-	return json.Marshal(c)
-}
 
 // readSignal tells a test each time the API read the pending backlog and
 // found nothing, so a test can act while a long-poll waits.
@@ -101,7 +83,7 @@ func newFixture(t *testing.T, tune func(*api.Deps)) *fixture {
 				Leave: func(_ context.Context, roomID string) error { fx.left <- roomID; return nil }},
 			"beta": {Store: beta, Token: betaToken, Hints: st.Hints()},
 		},
-		Replier:   relater{},
+		Replier:   principal.Replies{},
 		Log:       zerolog.Nop(),
 		CursorKey: []byte("test cursor key"),
 	}

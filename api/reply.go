@@ -38,10 +38,6 @@ type replyResponse struct {
 	Outcome string `json:"outcome"`
 }
 
-// deliveryID names the reply to a source event: the one the principal's
-// own turns use, so an answer made here and one made there are one row.
-func deliveryID(eventID string) string { return "reply:" + eventID }
-
 // reply answers a pending event. The answer is recorded in its turn record
 // in the transaction that enqueues it and settles the event, so posting the
 // same reply again finds the record and sends nothing; a different answer
@@ -67,7 +63,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		return
 	}
 	st := a.Store
-	id := deliveryID(eventID)
+	id := journal.ReplyDeliveryID(eventID)
 	mu := s.replies[name]
 	mu.Lock()
 	defer mu.Unlock()
@@ -169,7 +165,7 @@ func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string
 		writeError(w, http.StatusConflict, codeConflict, "the event is already answered with a different reply")
 		return
 	}
-	id := deliveryID(eventID)
+	id := journal.ReplyDeliveryID(eventID)
 	writeJSON(w, http.StatusOK, replyResponse{DeliveryID: id,
 		TxnID: journal.TxnID(a.Store.Principal(), id, journal.StageFinal), Outcome: "replayed"})
 }
@@ -285,7 +281,7 @@ func (s *server) ignore(w http.ResponseWriter, r *http.Request, name string, a A
 		writeError(w, http.StatusNotFound, codeNotFound, "no pending event has this ID")
 		return
 	}
-	err = a.Store.Retire(r.Context(), deliveryID(eventID), journal.StageInitial)
+	err = a.Store.Retire(r.Context(), journal.ReplyDeliveryID(eventID), journal.StageInitial)
 	if err != nil && !errors.Is(err, journal.ErrNoDelivery) && !errors.Is(err, journal.ErrNotClaimable) {
 		s.log.Warn().Err(err).Str("agent", name).Str("event_id", eventID).Msg("Withdrawing the placeholder failed")
 	}

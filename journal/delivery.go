@@ -101,6 +101,12 @@ func TxnID(p Principal, deliveryID string, stage Stage) string {
 	return "mindroomd-" + uuid.NewSHA1(txnNamespace, []byte(name)).String()
 }
 
+// ReplyDeliveryID names the reply to a source event: the same on every
+// attempt, so a turn retried after a crash updates or finds its one outbox
+// row, and the same whoever answers (the principal's own agent or one
+// outside the process), so two answers to one event are one delivery.
+func ReplyDeliveryID(eventID string) string { return "reply:" + eventID }
+
 // EnqueueRequest hands a reply to the outbox and settles its sources in the
 // same transaction.
 type EnqueueRequest struct {

@@ -465,7 +465,7 @@ func (f *fixture) awaitDelivery(source string) string {
 	defer sub.Close()
 	deadline := time.After(testDeadline)
 	for {
-		d, err := f.view.Delivery(f.ctx, "reply:"+source, journal.StageFinal)
+		d, err := f.view.Delivery(f.ctx, journal.ReplyDeliveryID(source), journal.StageFinal)
 		if err == nil && d.State == journal.DeliveryAcknowledged {
 			return d.EventID
 		}

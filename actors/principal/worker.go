@@ -108,10 +108,6 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// deliveryID names the reply to a source event: the same on every attempt,
-// so a turn retried after a crash updates or finds its one outbox row.
-func deliveryID(eventID string) string { return "reply:" + eventID }
-
 // offer runs one turn: the agent's answer is recorded in the turn record
 // in the transaction that enqueues the reply and settles the event, so the
 // agent is asked again only if none of it committed. (An agent whose work
@@ -121,7 +117,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	if err != nil {
 		return fmt.Errorf("read thread: %w", err)
 	}
-	id := deliveryID(e.EventID)
+	id := journal.ReplyDeliveryID(e.EventID)
 	rec, answered, err := a.deps.Store.TurnForEvent(ctx, e.EventID)
 	if err != nil {
 		return fmt.Errorf("read turn record: %w", err)
