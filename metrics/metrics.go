@@ -22,8 +22,8 @@ import (
 // statusTimeout bounds the journal read a scrape makes.
 const statusTimeout = 5 * time.Second
 
-// StatusFunc reads every principal's counts from the journal.
-type StatusFunc func(ctx context.Context) ([]sqlitefs.PrincipalStatus, error)
+// BacklogFunc reads every principal's backlog from the journal.
+type BacklogFunc func(ctx context.Context) ([]sqlitefs.Backlog, error)
 
 // Metrics is one daemon's registry.
 type Metrics struct {
@@ -39,8 +39,8 @@ type Metrics struct {
 	lastSync map[string]*atomic.Int64 // agent -> unix ms of its last admitted sync
 }
 
-// New returns a registry whose journal gauges read status at each scrape.
-func New(status StatusFunc, now func() time.Time) *Metrics {
+// New returns a registry whose journal gauges read backlog at each scrape.
+func New(backlog BacklogFunc, now func() time.Time) *Metrics {
 	if now == nil {
 		now = time.Now
 	}
@@ -71,7 +71,7 @@ func New(status StatusFunc, now func() time.Time) *Metrics {
 		}),
 		lastSync: make(map[string]*atomic.Int64),
 	}
-	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, journalGauges{status: status},
+	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, journalGauges{backlog: backlog},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -118,15 +118,16 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
-// journalGauges reads the journal's counts at each scrape: pending work and
-// undelivered replies per agent.
-type journalGauges struct{ status StatusFunc }
+// journalGauges reads the journal's backlog at each scrape: pending work,
+// and the replies not yet acknowledged by state, per agent.
+type journalGauges struct{ backlog BacklogFunc }
 
 var (
 	pendingDesc = prometheus.NewDesc("mindroomd_pending_events",
 		"Actionable events owed a turn, by agent.", []string{"agent", "user_id"}, nil)
-	undeliveredDesc = prometheus.NewDesc("mindroomd_undelivered_replies",
-		"Replies enqueued and not yet acknowledged by the homeserver, by agent.", []string{"agent", "user_id"}, nil)
+	deliveriesDesc = prometheus.NewDesc("mindroomd_unacknowledged_replies",
+		"Replies not yet acknowledged by the homeserver, by agent and state (queued, attempted).",
+		[]string{"agent", "user_id", "state"}, nil)
 	journalUpDesc = prometheus.NewDesc("mindroomd_journal_readable",
 		"1 when the scrape could read the journal's counts, 0 when it could not.", nil, nil)
 )
@@ -134,7 +135,7 @@ var (
 // Describe implements prometheus.Collector.
 func (journalGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pendingDesc
-	ch <- undeliveredDesc
+	ch <- deliveriesDesc
 	ch <- journalUpDesc
 }
 
@@ -142,14 +143,15 @@ func (journalGauges) Describe(ch chan<- *prometheus.Desc) {
 func (g journalGauges) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
-	st, err := g.status(ctx)
+	bs, err := g.backlog(ctx)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(journalUpDesc, prometheus.GaugeValue, 0)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(journalUpDesc, prometheus.GaugeValue, 1)
-	for _, s := range st {
-		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(s.Pending), s.Agent, s.UserID)
-		ch <- prometheus.MustNewConstMetric(undeliveredDesc, prometheus.GaugeValue, float64(s.Undelivered), s.Agent, s.UserID)
+	for _, b := range bs {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(b.Pending), b.Agent, b.UserID)
+		ch <- prometheus.MustNewConstMetric(deliveriesDesc, prometheus.GaugeValue, float64(b.Queued), b.Agent, b.UserID, "queued")
+		ch <- prometheus.MustNewConstMetric(deliveriesDesc, prometheus.GaugeValue, float64(b.Attempted), b.Agent, b.UserID, "attempted")
 	}
 }

@@ -64,7 +64,7 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	d := &daemon{log: zerolog.New(stderr).With().Timestamp().Logger(), faults: make(chan error, len(cfg.Agents)+2),
 		apiAgents: make(map[string]api.Agent)}
 	defer func() { err = errors.Join(err, d.stop()) }()
-	d.metrics = metrics.New(func(ctx context.Context) ([]sqlitefs.PrincipalStatus, error) { return d.store.DB().Status(ctx) }, nil)
+	d.metrics = metrics.New(func(ctx context.Context) ([]sqlitefs.Backlog, error) { return d.store.DB().Backlogs(ctx) }, nil)
 	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
 		OnCommit: d.metrics.Committed, OnBusy: d.metrics.Busy}); err != nil {
 		return err

@@ -110,6 +110,7 @@ func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
 		`mindroomd_admitted_events_total{agent="echo",outcome="admitted"}`,
 		`mindroomd_delivery_steps_total{agent="echo",step="claimed"}`,
 		`mindroomd_pending_events{agent="echo",user_id="` + bot.UserID + `"} 0`,
+		`mindroomd_unacknowledged_replies{agent="echo",state="queued",user_id="` + bot.UserID + `"}`,
 		`mindroomd_writer_commit_seconds_count`,
 		`mindroomd_sync_lag_seconds{agent="echo"}`,
 		`mindroomd_journal_readable 1`,
