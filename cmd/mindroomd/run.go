@@ -54,15 +54,15 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	if err != nil {
 		return err
 	}
+	log := zerolog.New(stderr).With().Timestamp().Logger()
 	// Every back-end is checked before anything opens or signs in.
 	answers := make([]principal.Agent, len(cfg.Agents))
 	for i, a := range cfg.Agents {
-		if answers[i], err = backend(i, a); err != nil {
+		if answers[i], err = backend(i, a, log.With().Str("agent", a.Name).Logger()); err != nil {
 			return err
 		}
 	}
-	d := &daemon{log: zerolog.New(stderr).With().Timestamp().Logger(), faults: make(chan error, len(cfg.Agents)+2),
-		apiAgents: make(map[string]api.Agent)}
+	d := &daemon{log: log, faults: make(chan error, len(cfg.Agents)+2), apiAgents: make(map[string]api.Agent)}
 	defer func() { err = errors.Join(err, d.stop()) }()
 	d.metrics = metrics.New(func(ctx context.Context) ([]sqlitefs.Backlog, error) { return d.store.DB().Backlogs(ctx) }, nil)
 	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
@@ -91,14 +91,18 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	}
 }
 
-// backend is the Agent the i-th agent's back-end answers with: none for
-// http, where an outside agent takes the work through the agent API.
-func backend(i int, a config.Agent) (principal.Agent, error) {
+// backend is the Agent the i-th agent's back-end answers with, logging to
+// log: none for http, where an outside agent takes the work through the
+// agent API.
+func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error) {
 	switch a.Backend.Type {
 	case config.BackendEcho:
 		return agent.Echo{}, nil
 	case config.BackendHTTP:
 		return nil, nil
+	case config.BackendExec:
+		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout,
+			Context: agent.DefaultExecContext, Log: log}, nil
 	}
 	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
 		Err: fmt.Errorf("%w: %s", errBackendUnavailable, a.Backend.Type)}

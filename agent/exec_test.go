@@ -1,0 +1,338 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors/principal"
+	"github.com/mindroomd/mindroomd/agent"
+	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
+)
+
+// agentMode makes the test binary act as an exec agent: the tests run it
+// as their command, so they need no interpreter on the machine. The mode
+// travels in the environment, which also proves the command inherits it.
+const (
+	agentMode = "MINDROOMD_EXEC_AGENT_MODE"
+	// agentPIDs names the file the sleeping agent writes its own and its
+	// child's process IDs to.
+	agentPIDs = "MINDROOMD_EXEC_AGENT_PIDS"
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(agentMode); mode != "" {
+		os.Exit(actAsAgent(mode))
+	}
+	os.Exit(m.Run())
+}
+
+// actAsAgent reads the request on stdin and answers, or misbehaves, as mode
+// says, returning the exit code.
+func actAsAgent(mode string) int {
+	req, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	switch mode {
+	case "echo": // the whole request, as the body, for the test to check
+		b, _ := json.Marshal(map[string]string{"body": string(req)})
+		os.Stdout.Write(b)
+	case "ignore":
+		fmt.Print(`{"ignore": true}` + "\n")
+	case "fail":
+		fmt.Fprint(os.Stderr, strings.Repeat("x", 10000)+"\nTraceback: the model is unreachable\n")
+		return 3
+	case "raw": // the reply the test put in the environment, verbatim
+		fmt.Print(os.Getenv("MINDROOMD_EXEC_AGENT_REPLY"))
+	case "big":
+		fmt.Print(`{"body":"` + strings.Repeat("a", agent.MaxExecOutput) + `"}`)
+	case "sleep": // a child in the same group, both sleeping far past the timeout
+		child := exec.Command(os.Args[0])
+		child.Env = append(os.Environ(), agentMode+"=sleep-child")
+		child.Stdout = os.Stdout
+		if err := child.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		path := os.Getenv(agentPIDs)
+		if err := os.WriteFile(path+".tmp", fmt.Appendf(nil, "%d %d", os.Getpid(), child.Process.Pid), 0o600); err != nil {
+			return 1
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return 1
+		}
+		time.Sleep(time.Hour)
+	case "sleep-child":
+		time.Sleep(time.Hour)
+	}
+	return 0
+}
+
+const (
+	execRoom = "!room:example.org"
+	alice    = "@alice:example.org"
+)
+
+// execTurn admits events into a real journal and returns the turn of the
+// pending event eventID, as the principal would offer it.
+func execTurn(t *testing.T, eventID string, evs ...mx.Ev) principal.Turn {
+	t.Helper()
+	ctx := context.Background()
+	s, _ := testsupport.MustOpen(t)
+	v, err := s.Principal(ctx, "bot", "@bot:example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.AdmitBatch(ctx, mx.Live(execRoom, evs...), ""); err != nil {
+		t.Fatal(err)
+	}
+	page, err := v.Pending(ctx, 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range page.Events {
+		if e.EventID == eventID {
+			thread, _, err := v.AdmittedThreadID(ctx, execRoom, eventID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return principal.Turn{Event: e, Thread: thread, Conversation: v}
+		}
+	}
+	t.Fatalf("%s is not pending", eventID)
+	return principal.Turn{}
+}
+
+// execAgent is the test binary run as an agent in mode.
+func execAgent(t *testing.T, mode string) agent.Exec {
+	t.Setenv(agentMode, mode)
+	// A race-enabled binary otherwise lingers a second at exit.
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
+	return agent.Exec{Command: []string{os.Args[0]}, Timeout: time.Minute, Log: zerolog.Nop()}
+}
+
+func TestExecSendsTheEventAndTheLastMessagesOfItsThread(t *testing.T) {
+	turn := execTurn(t, "$q",
+		mx.Message("$room1", alice, 1000, "in the room"),
+		mx.Message("$root", alice, 2000, "root"),
+		mx.ThreadReply("$t1", alice, 3000, "$root", "first"),
+		mx.ThreadReply("$t2", alice, 4000, "$root", "second"),
+		mx.Message("$room2", alice, 5000, "room again"),
+		mx.ThreadReply("$q", alice, 6000, "$root", "question"),
+	)
+	a := execAgent(t, "echo")
+	a.Context = 3
+	reply, err := a.Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var content struct{ MsgType, Body string }
+	if err := json.Unmarshal(reply.Content, &content); err != nil || reply.Ignore || content.MsgType != "m.text" {
+		t.Fatalf("reply = %s (ignore %v), want an m.text", reply.Content, reply.Ignore)
+	}
+	var req struct {
+		Event        map[string]any `json:"event"`
+		EventID      string         `json:"event_id"`
+		RoomID       string         `json:"room_id"`
+		ThreadID     *string        `json:"thread_id"`
+		Sender       string         `json:"sender"`
+		Body         string         `json:"body"`
+		Conversation []struct {
+			EventID   string         `json:"event_id"`
+			Sender    string         `json:"sender"`
+			CreatedTS int64          `json:"created_ts"`
+			Body      string         `json:"body"`
+			Content   map[string]any `json:"content"`
+		} `json:"conversation"`
+	}
+	if err := json.Unmarshal([]byte(content.Body), &req); err != nil {
+		t.Fatalf("the agent read %q: %v", content.Body, err)
+	}
+	if req.EventID != "$q" || req.RoomID != execRoom || req.Sender != alice || req.Body != "question" ||
+		req.ThreadID == nil || *req.ThreadID != "$root" || req.Event["event_id"] != "$q" {
+		t.Fatalf("request = %s", content.Body)
+	}
+	var got []string
+	for _, m := range req.Conversation {
+		got = append(got, fmt.Sprintf("%s %s %d %s %v", m.EventID, m.Sender, m.CreatedTS, m.Body, m.Content["body"]))
+	}
+	want := []string{
+		"$t1 " + alice + " 3000 first first",
+		"$t2 " + alice + " 4000 second second",
+		"$q " + alice + " 6000 question question",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("conversation =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestExecSendsTheRoomForAnEventOutsideAThread(t *testing.T) {
+	turn := execTurn(t, "$q",
+		mx.Message("$root", alice, 1000, "root"),
+		mx.ThreadReply("$t1", alice, 2000, "$root", "in the thread"),
+		mx.Message("$q", alice, 3000, "question"),
+	)
+	reply, err := execAgent(t, "echo").Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var content struct{ Body string }
+	if err := json.Unmarshal(reply.Content, &content); err != nil {
+		t.Fatal(err)
+	}
+	var req struct {
+		ThreadID     json.RawMessage `json:"thread_id"`
+		Conversation []struct {
+			EventID string `json:"event_id"`
+		} `json:"conversation"`
+	}
+	if err := json.Unmarshal([]byte(content.Body), &req); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range req.Conversation {
+		ids = append(ids, m.EventID)
+	}
+	if string(req.ThreadID) != "null" || strings.Join(ids, " ") != "$root $q" {
+		t.Fatalf("thread_id = %s, conversation = %v; want null and the room's messages", req.ThreadID, ids)
+	}
+}
+
+func TestExecIgnoresWhenTheAgentSaysSo(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	reply, err := execAgent(t, "ignore").Answer(context.Background(), turn)
+	if err != nil || !reply.Ignore || reply.Content != nil {
+		t.Fatalf("reply = %s (ignore %v), %v; want the turn ignored", reply.Content, reply.Ignore, err)
+	}
+}
+
+func TestExecFailsOnANonZeroExitWithTheEndOfStderr(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	_, err := execAgent(t, "fail").Answer(context.Background(), turn)
+	if err == nil {
+		t.Fatal("a failed agent answered")
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "exec agent: exit status 3: stderr: ") || !strings.HasSuffix(msg, "Traceback: the model is unreachable") {
+		t.Fatalf("err = …%q, want the exit status and the end of stderr", msg[max(len(msg)-200, 0):])
+	}
+	if len(msg) > 4<<10 {
+		t.Fatalf("err is %d bytes long, want stderr cut to its end", len(msg))
+	}
+}
+
+func TestExecKillsTheAgentAndItsChildrenOnTimeout(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	pids := filepath.Join(t.TempDir(), "pids")
+	t.Setenv(agentPIDs, pids)
+	a := execAgent(t, "sleep")
+	a.Timeout = 3 * time.Second
+	start := time.Now()
+	_, err := a.Answer(context.Background(), turn)
+	took := time.Since(start)
+	if !errors.Is(err, agent.ErrExecTimeout) || !strings.Contains(err.Error(), "exec agent: timed out after 3s") {
+		t.Fatalf("err = %v, want a timeout", err)
+	}
+	// Had a child outlived the kill, it would have held stdout open until
+	// the wait delay gave up on it.
+	if took > a.Timeout+time.Second {
+		t.Fatalf("Answer took %s past a %s timeout", took, a.Timeout)
+	}
+	b, err := os.ReadFile(pids)
+	if err != nil {
+		t.Fatalf("the agent never started its child within the timeout: %v", err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, pid)
+	}
+}
+
+// waitGone waits for pid to be dead: gone, or a zombie its new parent has
+// yet to reap. Killed, it is at most a moment from either.
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		// The state follows the parenthesised command name.
+		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d is still alive: %s", pid, stat)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestExecRefusesOutputThatIsNotOneReply(t *testing.T) {
+	for _, c := range []struct{ name, out, want string }{
+		{"Empty", "", "empty stdout"},
+		{"NotJSON", "hello", "not a JSON object"},
+		{"NotAnObject", `["hi"]`, "not a JSON object"},
+		{"Null", "null", "not a JSON object"},
+		{"Both", `{"body":"hi","ignore":true}`, "both body and ignore"},
+		{"Neither", `{}`, "neither body nor ignore"},
+		{"EmptyBody", `{"body":""}`, "empty body"},
+		{"BodyNotText", `{"body":7}`, "body is not a string"},
+		{"IgnoreFalse", `{"ignore":false}`, "ignore is false, not true"},
+		{"ExtraKey", `{"body":"hi","format":"markdown"}`, `unknown key "format"`},
+		{"KeysAreExact", `{"BODY":"hi"}`, `unknown key "BODY"`},
+		{"TrailingGarbage", `{"body":"hi"} and more`, "invalid character"},
+		{"TwoObjects", `{"body":"hi"}{"body":"again"}`, "invalid character"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+			t.Setenv("MINDROOMD_EXEC_AGENT_REPLY", c.out)
+			_, err := execAgent(t, "raw").Answer(context.Background(), turn)
+			if !errors.Is(err, agent.ErrExecReply) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want an invalid reply: %s", err, c.want)
+			}
+		})
+	}
+}
+
+func TestExecAcceptsAReplyFollowedByANewline(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	t.Setenv("MINDROOMD_EXEC_AGENT_REPLY", "{\"body\": \"hello\"}\n")
+	reply, err := execAgent(t, "raw").Answer(context.Background(), turn)
+	if err != nil || string(reply.Content) != `{"body":"hello","msgtype":"m.text"}` {
+		t.Fatalf("reply = %s, %v", reply.Content, err)
+	}
+}
+
+func TestExecRefusesOversizedOutput(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	_, err := execAgent(t, "big").Answer(context.Background(), turn)
+	if !errors.Is(err, agent.ErrExecReply) || !strings.Contains(err.Error(), "stdout exceeds 65536 bytes") {
+		t.Fatalf("err = %v, want oversized output refused", err)
+	}
+}
+
+func TestExecFailsWhenTheCommandCannotStart(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	a := agent.Exec{Command: []string{filepath.Join(t.TempDir(), "missing")}, Log: zerolog.Nop()}
+	if _, err := a.Answer(context.Background(), turn); err == nil || !strings.HasPrefix(err.Error(), "exec agent: ") {
+		t.Fatalf("err = %v, want the start refused", err)
+	}
+}
