@@ -144,6 +144,7 @@ func (e *usageError) helpArgs() string {
 var commands = []struct{ name, summary string }{
 	{"run", "run the daemon: sync, journal and answer for every configured agent"},
 	{"status", "summarise the journal: principals, pending work, undelivered replies"},
+	{"backup", "write a consistent copy of the journal to a new file, beside a running daemon"},
 	{"version", "print the version"},
 	{"help", "print this help, or a command's: help <command>"},
 }
@@ -177,6 +178,7 @@ type Main struct {
 	command string
 	storage string
 	config  string
+	to      string
 }
 
 // NewMain returns a Main writing its output to out and the daemon's log to
@@ -209,6 +211,9 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		fs.StringVar(&m.config, "config", "mindroom.yaml", "the configuration file")
 	case "status":
 		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
+	case "backup":
+		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
+		fs.StringVar(&m.to, "to", "", "the backup file to create (required; never overwritten)")
 	case "version":
 	default:
 		return &usageError{err: fmt.Errorf("unknown command %q", m.command)}
@@ -224,6 +229,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return &usageError{command: m.command, err: err}
 	case fs.NArg() > 0:
 		return &usageError{command: m.command, err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	case m.command == "backup" && m.to == "":
+		return &usageError{command: m.command, err: errors.New("-to is required")}
 	}
 	return nil
 }
@@ -238,6 +245,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return runStatus(ctx, m.out, m.storage)
 	case "run":
 		return runDaemon(ctx, m.errOut, m.config)
+	case "backup":
+		return runBackup(ctx, m.out, m.storage, m.to)
 	}
 	return nil
 }

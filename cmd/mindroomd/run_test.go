@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // syncBuffer is a log the daemon writes while the test reads it.
@@ -446,4 +448,45 @@ func daemonAddress(t *testing.T, log *syncBuffer) string {
 	}
 	t.Fatalf("the daemon never said it runs; its log:\n%s", log)
 	return ""
+}
+
+func TestBackupCopiesTheJournalBesideAWritingStoreAndRefusesToOverwrite(t *testing.T) {
+	s, dir := testsupport.MustOpen(t) // the writer stays open, as a daemon's would
+	ctx := context.Background()
+	v, err := s.Principal(ctx, "helper", "@helper:example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.AdmitBatch(ctx, mx.Live("!r:example.org", mx.Message("$a", "@alice:example.org", 1000, "hi")), "tok"); err != nil {
+		t.Fatal(err)
+	}
+	to := filepath.Join(t.TempDir(), "journal.backup")
+	out, err := run(t, "backup", "-storage", dir, "-to", to)
+	if err != nil || !strings.Contains(out, "verified") {
+		t.Fatalf("backup: %v\n%s", err, out)
+	}
+	// Restored as a storage directory of its own, it reads as the journal.
+	restored := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(restored, "tracking"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(to, filepath.Join(restored, "tracking", "event_journal.db")); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(t, "status", "-storage", restored)
+	if err != nil || !strings.Contains(out, "helper@@helper:example.org  1       1") {
+		t.Fatalf("status of the restored backup: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(to, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "backup", "-storage", dir, "-to", to); err == nil {
+		t.Fatal("backup overwrote an existing file")
+	}
+	if got, _ := os.ReadFile(to); string(got) != "precious" {
+		t.Fatalf("the existing file now holds %q", got)
+	}
+	if code, _, _ := mindroomd(t, "backup", "-storage", dir); code != exitUsage {
+		t.Fatalf("backup without -to exited %d, want %d", code, exitUsage)
+	}
 }

@@ -35,3 +35,19 @@ func runStatus(ctx context.Context, out io.Writer, storage string) error {
 	}
 	return w.Flush()
 }
+
+// runBackup writes a consistent copy of the journal under storage to the
+// new file to and verifies it. It reads the journal read-only, so it runs
+// beside the daemon without stopping it.
+func runBackup(ctx context.Context, out io.Writer, storage, to string) error {
+	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := db.Backup(ctx, to); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "backup of %s written to %s and verified\n", db.Path, to)
+	return err
+}
