@@ -164,8 +164,11 @@ func readOnlyErr(ctx context.Context, path string, err error) error {
 	if err = deadlineErr(ctx, err); errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	// Which code says so depends on how the directory refuses: a file
+	// system that refuses everyone (the immutable attribute) fails the
+	// open, permissions fail the write SQLite then tries.
 	var se sqlite3.Error
-	if errors.As(err, &se) && se.Code == sqlite3.ErrCantOpen {
+	if errors.As(err, &se) && (se.Code == sqlite3.ErrCantOpen || se.Code == sqlite3.ErrReadonly) {
 		if _, statErr := os.Stat(path + "-shm"); errors.Is(statErr, fs.ErrNotExist) {
 			return fmt.Errorf("%w: %w", ErrSharedMemory, err)
 		}

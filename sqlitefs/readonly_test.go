@@ -5,10 +5,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -251,34 +253,87 @@ func lockExclusively(t *testing.T, path string) func() {
 // A journal whose daemon stopped cleanly has no -shm or -wal file, and a
 // read-only connection must create them to read it. In a directory it
 // cannot write, the error says what is missing and what to do.
+//
+// Permissions do not stop root, so as root the open runs in a child process
+// of this test binary under an unprivileged user: the same check on any
+// file system, with no tool or attribute it depends on.
 func TestAReadOnlyOpenExplainsAnUnwritableDirectory(t *testing.T) {
 	dir, _ := closedJournal(t)
 	tracking := filepath.Dir(sqlitefs.Path(dir))
-	unwritable(t, tracking)
-	db, err := sqlitefs.OpenReadOnly(context.Background(), sqlitefs.Options{StorageDir: dir})
-	if err == nil {
-		db.Close()
-		t.Skip("SQLite read the WAL-mode file without its -shm file; nothing to explain")
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(tracking, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Chmod(tracking, 0o700) })
+		assertSharedMemoryErr(t, openReadOnlyErr(dir))
+		return
 	}
-	if !errors.Is(err, sqlitefs.ErrSharedMemory) {
-		t.Fatalf("error = %v, want ErrSharedMemory", err)
+	// The unprivileged user may read the journal and walk to it, but not
+	// write its directory; the test binary is copied where it may run it.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(tracking, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sqlitefs.Path(dir), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(filepath.Dir(dir), "sqlitefs.test")
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestReadOnlyOpenChildProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), readOnlyChildDirEnv+"="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the unprivileged open: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte(sharedMemoryVerdict)) {
+		t.Fatalf("the unprivileged open did not explain the missing -shm file:\n%s", out)
 	}
 }
 
-// unwritable makes dir unwritable to this process until the test ends:
-// by permissions, or for root, which permissions do not stop, by the
-// immutable attribute.
-func unwritable(t *testing.T, dir string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if err := os.Chmod(dir, 0o500); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
+// The child of TestAReadOnlyOpenExplainsAnUnwritableDirectory names the
+// directory it opens read-only; it prints sharedMemoryVerdict when the
+// open fails with ErrSharedMemory.
+const (
+	readOnlyChildDirEnv = "MINDROOMD_READONLY_CHILD_DIR"
+	sharedMemoryVerdict = "READONLY-OPEN: ErrSharedMemory"
+	nobody              = 65534
+)
+
+// TestReadOnlyOpenChildProcess is that child; run normally it returns at
+// once.
+func TestReadOnlyOpenChildProcess(t *testing.T) {
+	dir := os.Getenv(readOnlyChildDirEnv)
+	if dir == "" {
 		return
 	}
-	if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot make %s unwritable to root: %v %s", dir, err, out)
+	assertSharedMemoryErr(t, openReadOnlyErr(dir))
+	fmt.Println(sharedMemoryVerdict)
+}
+
+// openReadOnlyErr opens the journal under dir read-only and returns the
+// error; an open that succeeds is closed and reported as no error.
+func openReadOnlyErr(dir string) error {
+	db, err := sqlitefs.OpenReadOnly(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err == nil {
+		db.Close()
 	}
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", dir).Run() })
+	return err
+}
+
+func assertSharedMemoryErr(t *testing.T, err error) {
+	t.Helper()
+	if !errors.Is(err, sqlitefs.ErrSharedMemory) {
+		t.Fatalf("read-only open in an unwritable directory: error = %v, want ErrSharedMemory", err)
+	}
 }
