@@ -1,6 +1,7 @@
 package principal
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,13 @@ type Transport interface {
 	Join(ctx context.Context, room string) (string, error)
 	Leave(ctx context.Context, room string) error
 }
+
+// memberType is in the JSON of every membership event that escapes no
+// character.
+var (
+	memberType = []byte(`"m.room.member"`)
+	escape     = []byte(`\u`)
+)
 
 // Gap filling: a limited timeline is filled backwards from its prev_batch
 // until an event the journal already holds, in pages of gapPage, and at
@@ -120,6 +128,12 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTimeline, prov journal.Provenance) error {
 	self := a.deps.Transport.UserID()
 	for _, raw := range r.Events {
+		// Admission parses every event anyway; only the few that can be a
+		// membership change are parsed here as well (and any that escapes
+		// a character, which could spell the type another way).
+		if !bytes.Contains(raw, memberType) && !bytes.Contains(raw, escape) {
+			continue
+		}
 		ev, err := journal.ParseEvent(journal.Inbound{RoomID: r.RoomID, Provenance: prov, Event: raw}, a.deps.Now())
 		if err != nil || ev.Kind != journal.KindMembership || ev.StateKey == nil || *ev.StateKey != self {
 			continue // admission records what is malformed

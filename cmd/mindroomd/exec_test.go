@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -48,22 +47,15 @@ agents:
 `, hs.URL, bot.UserID, command)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	log := &syncBuffer{}
-	done := make(chan int, 1)
-	go func() { done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, log) }()
-	defer func() {
-		stop()
-		if code := <-done; code != exitOK {
-			t.Errorf("the daemon exited %d; its log:\n%s", code, log)
-		}
-	}()
+	d := runInProcess(cfg)
+	defer d.stopCleanly(t)
+	log := d.log
 
 	question := alice.SendText(room, "are you there?")
 	for deadline := time.Now().Add(time.Minute); !failedTurnLogged(log.String(), question); {
 		select {
-		case code := <-done:
-			done <- code
+		case code := <-d.done:
+			d.done <- code
 			t.Fatalf("the daemon exited %d; its log:\n%s", code, log)
 		case <-time.After(50 * time.Millisecond):
 		}

@@ -73,21 +73,9 @@ func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
 	storage := t.TempDir()
 	cfg := writeDaemonConfig(t, hs.URL, bot, storage)
 
-	start := func() (cancel func() int, log *syncBuffer) {
-		ctx, stop := context.WithCancel(context.Background())
-		log = &syncBuffer{}
-		done := make(chan int, 1)
-		go func() { done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, log) }()
-		return func() int {
-			stop()
-			select {
-			case code := <-done:
-				return code
-			case <-time.After(time.Minute):
-				t.Fatalf("the daemon did not stop; its log:\n%s", log)
-				return -1
-			}
-		}, log
+	start := func() (func() int, *syncBuffer) {
+		d := runInProcess(cfg)
+		return func() int { return d.stop(t) }, d.log
 	}
 	awaitEcho := func(text string) {
 		t.Helper()
@@ -365,17 +353,9 @@ agents:
 `, hs.URL, bot.UserID)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	log := &syncBuffer{}
-	done := make(chan int, 1)
-	go func() { done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, log) }()
-	defer func() {
-		stop()
-		if code := <-done; code != exitOK {
-			t.Errorf("the daemon exited %d; its log:\n%s", code, log)
-		}
-	}()
-	addr := daemonAddress(t, log)
+	d := runInProcess(cfg)
+	defer d.stopCleanly(t)
+	addr := daemonAddress(t, d.log)
 	base := "http://" + addr + "/v1/agents/outside"
 
 	question := alice.SendText(room, "are you out there?")
@@ -488,5 +468,43 @@ func TestBackupCopiesTheJournalBesideAWritingStoreAndRefusesToOverwrite(t *testi
 	}
 	if code, _, _ := mindroomd(t, "backup", "-storage", dir); code != exitUsage {
 		t.Fatalf("backup without -to exited %d, want %d", code, exitUsage)
+	}
+}
+
+// inProcess is `mindroomd run` running in this test's process.
+type inProcess struct {
+	log    *syncBuffer
+	done   chan int // its exit code, once it returned
+	cancel context.CancelFunc
+}
+
+// runInProcess runs `mindroomd run -config cfg` in this process, as
+// main would, until stop.
+func runInProcess(cfg string) *inProcess {
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &inProcess{log: &syncBuffer{}, done: make(chan int, 1), cancel: cancel}
+	go func() { d.done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, d.log) }()
+	return d
+}
+
+// stop cancels the daemon, as a signal does, and returns its exit code.
+func (d *inProcess) stop(t *testing.T) int {
+	t.Helper()
+	d.cancel()
+	select {
+	case code := <-d.done:
+		d.done <- code // stop may be asked again
+		return code
+	case <-time.After(time.Minute):
+		t.Fatalf("the daemon did not stop; its log:\n%s", d.log)
+		return -1
+	}
+}
+
+// stopCleanly stops the daemon and fails the test unless it exited 0.
+func (d *inProcess) stopCleanly(t *testing.T) {
+	t.Helper()
+	if code := d.stop(t); code != exitOK {
+		t.Errorf("the daemon exited %d; its log:\n%s", code, d.log)
 	}
 }
