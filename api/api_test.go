@@ -531,9 +531,15 @@ func TestAReplyToAnEventSettledWithoutAReplyConflicts(t *testing.T) {
 	if status, b := fx.do(t, "POST", "/v1/agents/alpha/events/$e1/ignore", alphaToken, nil); status != http.StatusOK {
 		t.Fatalf("ignore = %d: %s", status, b)
 	}
-	body, _ := json.Marshal(map[string]any{"body": "late answer", "room_id": room})
+	// With or without its room: the event is found by its ID alone.
+	for _, req := range []map[string]any{{"body": "late answer", "room_id": room}, {"body": "late answer"}} {
+		body, _ := json.Marshal(req)
+		status, b := fx.do(t, "POST", "/v1/agents/alpha/events/$e1/reply", alphaToken, bytes.NewReader(body))
+		wantError(t, status, b, http.StatusConflict, "conflict")
+	}
+	body, _ := json.Marshal(map[string]any{"body": "late answer", "room_id": "!elsewhere:example.org"})
 	status, b := fx.do(t, "POST", "/v1/agents/alpha/events/$e1/reply", alphaToken, bytes.NewReader(body))
-	wantError(t, status, b, http.StatusConflict, "conflict")
+	wantError(t, status, b, http.StatusNotFound, "not_found")
 	if _, err := fx.alpha.Delivery(context.Background(), "reply:$e1", journal.StageFinal); !errors.Is(err, journal.ErrNoDelivery) {
 		t.Fatalf("a reply was enqueued for a settled event: %v", err)
 	}

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -11,9 +10,6 @@ import (
 
 	"github.com/mindroomd/mindroomd/journal"
 )
-
-// findPage is how many pending rows one step of an event's search reads.
-const findPage = 256
 
 type replyRequest struct {
 	Body string `json:"body"`
@@ -24,8 +20,8 @@ type replyRequest struct {
 	// Placeholder sends the reply as the answer's placeholder (the initial
 	// stage the final later edits) and leaves the event pending.
 	Placeholder bool `json:"placeholder"`
-	// RoomID, optional, names the event's room, so an event that is no
-	// longer pending can be told apart from one never admitted.
+	// RoomID, optional, names the event's room; an event of another room
+	// is not found.
 	RoomID string `json:"room_id"`
 }
 
@@ -78,31 +74,20 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		return
 	}
 
-	e, found, err := findPending(ctx, st, eventID)
+	e, seen, err := st.AdmittedEvent(ctx, eventID)
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
 	}
-	if !found {
-		if req.RoomID != "" {
-			_, seen, err := st.AdmittedThreadID(ctx, req.RoomID, eventID)
-			if err != nil {
-				s.fail(w, r, name, err)
-				return
-			}
-			if seen {
-				writeError(w, http.StatusConflict, codeConflict, "the event is no longer pending and was not answered by a reply")
-				return
-			}
-		}
+	if !seen || (req.RoomID != "" && req.RoomID != e.RoomID) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no pending event has this ID")
 		return
 	}
-	thread, _, err := st.AdmittedThreadID(ctx, e.RoomID, eventID)
-	if err != nil {
-		s.fail(w, r, name, err)
+	if !e.Pending {
+		writeError(w, http.StatusConflict, codeConflict, "the event is no longer pending and was not answered by a reply")
 		return
 	}
+	thread := e.Thread
 	content, err := s.replier.RelateReply(answer, eventID, thread)
 	if err != nil {
 		s.fail(w, r, name, err)
@@ -241,27 +226,6 @@ func decodeNumbers(b json.RawMessage) (any, error) {
 	dec.UseNumber()
 	var v any
 	return v, dec.Decode(&v)
-}
-
-// findPending searches the principal's pending work for one event, in
-// bounded pages.
-func findPending(ctx context.Context, st journal.PrincipalStore, eventID string) (journal.PendingEvent, bool, error) {
-	var after int64
-	for {
-		page, err := st.Pending(ctx, findPage, after)
-		if err != nil {
-			return journal.PendingEvent{}, false, err
-		}
-		for _, e := range page.Events {
-			if e.EventID == eventID {
-				return e, true, nil
-			}
-		}
-		if !page.More {
-			return journal.PendingEvent{}, false, nil
-		}
-		after = page.Next
-	}
 }
 
 // ignore settles a pending event without an answer. A placeholder already

@@ -276,3 +276,41 @@ func TestLatestVisibleEvent(t *testing.T, f Factory) {
 		}
 	})
 }
+
+// TestAdmittedEvent is the lookup of an admitted event by its ID alone.
+func TestAdmittedEvent(t *testing.T, f Factory) {
+	ctx := context.Background()
+	lookup := func(fx *fixture, id string) (journal.AdmittedEvent, bool) {
+		fx.t.Helper()
+		e, seen, err := fx.v.AdmittedEvent(ctx, id)
+		if err != nil {
+			fx.t.Fatalf("AdmittedEvent(%s): %v", id, err)
+		}
+		return e, seen
+	}
+	t.Run("AnEventIsFoundWithItsRoomThreadAndState", func(t *testing.T) {
+		fx := newFixture(t, f)
+		fx.live(msg("$m1", alice, 1000, "hi"), reply("$t1", alice, 1001, "$m1", "in the thread"))
+		e, seen := lookup(fx, "$t1")
+		if !seen || e.RoomID != room || threadName(e.Thread) != "$m1" || !e.Pending {
+			t.Fatalf("$t1 = %+v, %v; want pending in the thread of $m1 in %s", e, seen, room)
+		}
+		if _, err := fx.v.Settle(ctx, "$m1"); err != nil {
+			t.Fatal(err)
+		}
+		if e, seen := lookup(fx, "$m1"); !seen || e.Pending || e.Thread != nil {
+			t.Fatalf("$m1 after settling = %+v, %v; want settled in the room", e, seen)
+		}
+	})
+	t.Run("AnotherPrincipalsEventIsUnseen", func(t *testing.T) {
+		fx := newFixture(t, f)
+		fx.live(msg("$m1", alice, 1000, "hi"))
+		other := fx.principal("other", "@other:example.org")
+		if e, seen, err := other.AdmittedEvent(ctx, "$m1"); err != nil || seen {
+			t.Fatalf("another principal's lookup = %+v, %v, %v; want unseen", e, seen, err)
+		}
+		if _, seen := lookup(fx, "$never"); seen {
+			t.Fatal("an event never admitted was found")
+		}
+	})
+}

@@ -19,6 +19,7 @@ func Run(t *testing.T, f Factory) {
 		{"UnreadableRowsDoNotEndTheBacklog", TestUnreadableRowsDoNotEndTheBacklog},
 		{"StoreGeneration", TestStoreGeneration},
 		{"AdmittedThreadID", TestAdmittedThreadID},
+		{"AdmittedEvent", TestAdmittedEvent},
 		{"LatestVisibleEvent", TestLatestVisibleEvent},
 		{"BadInput", TestBadInput},
 	}

@@ -155,8 +155,20 @@ type ConversationReader interface {
 	Read(ctx context.Context, req ReadRequest) (Page, error)
 }
 
+// AdmittedEvent is what the journal knows of an event a principal admitted.
+type AdmittedEvent struct {
+	RoomID string
+	// Thread is the event's thread, nil for the room.
+	Thread *string
+	// Pending is true while the event is owed its turn.
+	Pending bool
+}
+
 // RelationLookup answers the small relation questions a turn asks.
 type RelationLookup interface {
+	// AdmittedEvent finds an admitted event by its ID alone (event IDs are
+	// global), without reading its payload.
+	AdmittedEvent(ctx context.Context, eventID string) (AdmittedEvent, bool, error)
 	// AdmittedThreadID reports whether the principal admitted eventID in room
 	// and, if so, its thread (nil for the room).
 	AdmittedThreadID(ctx context.Context, roomID, eventID string) (thread *string, seen bool, err error)

@@ -49,6 +49,8 @@ const (
 		FROM journal_events j LEFT JOIN journal_payloads p ON p.seq = j.seq
 		WHERE j.principal = ? AND j.state = 0 AND j.seq > ?
 		ORDER BY j.seq LIMIT ?`
+	selectAdmittedEvent = `SELECT room_id, thread_id, state = 0 FROM journal_events
+		WHERE principal = ? AND id_hash = ? AND event_id = ?`
 	selectAdmittedThread = `SELECT thread_id FROM journal_events
 		WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ?`
 )
@@ -319,4 +321,17 @@ func (db *DB) AdmittedThreadID(ctx context.Context, p Principal, room, eventID s
 		return "", false, fmt.Errorf("read admitted thread: %w", err)
 	}
 	return thread, true, nil
+}
+
+// AdmittedEvent finds an event p admitted, by its ID alone: its room, its
+// thread key, and whether it is still pending.
+func (db *DB) AdmittedEvent(ctx context.Context, p Principal, eventID string) (room, thread string, pending, seen bool, err error) {
+	err = db.readers.QueryRowContext(ctx, selectAdmittedEvent, p.ID, IDHash(eventID), eventID).Scan(&room, &thread, &pending)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", false, false, nil
+	}
+	if err != nil {
+		return "", "", false, false, fmt.Errorf("read admitted event: %w", err)
+	}
+	return room, thread, pending, true, nil
 }

@@ -20,6 +20,7 @@ var hotQueries = map[string]struct {
 	"latest visible":      {selectLatestVisible, []any{1, "!r:x", ""}},
 	"pending":             {selectPending, []any{1, int64(0), 100}},
 	"admitted thread":     {selectAdmittedThread, []any{1, IDHash("$e"), "$e", "!r:x"}},
+	"admitted event":      {selectAdmittedEvent, []any{1, IDHash("$e"), "$e"}},
 	"visible by event":    {selectVisibleByEvent, []any{1, IDHash("$e"), "$e", "!r:x"}},
 	"held edit":           {selectHeldEdit, []any{1, "!r:x", "$e", "@a:x"}},
 	"take held edits":     {takeHeldEditsFor, []any{1, "!r:x", "$e"}},

@@ -81,6 +81,12 @@ func (v *View) AdmittedThreadID(ctx context.Context, roomID, eventID string) (*s
 	return journal.DecodeThread(thread), ok, err
 }
 
+// AdmittedEvent implements journal.RelationLookup.
+func (v *View) AdmittedEvent(ctx context.Context, eventID string) (journal.AdmittedEvent, bool, error) {
+	room, thread, pending, ok, err := v.s.db.AdmittedEvent(ctx, v.p, eventID)
+	return journal.AdmittedEvent{RoomID: room, Thread: journal.DecodeThread(thread), Pending: pending}, ok, err
+}
+
 // LatestVisibleEventID implements journal.RelationLookup.
 func (v *View) LatestVisibleEventID(ctx context.Context, roomID string, thread *string) (string, bool, error) {
 	return v.s.db.LatestVisibleEventID(ctx, v.p, roomID, thread)
