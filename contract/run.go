@@ -22,6 +22,7 @@ func Run(t *testing.T, f Factory) {
 		{"AdmittedEvent", TestAdmittedEvent},
 		{"LatestVisibleEvent", TestLatestVisibleEvent},
 		{"BadInput", TestBadInput},
+		{"Hydration", TestHydration},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) { a.run(t, f) })

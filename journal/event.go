@@ -167,6 +167,11 @@ type Event struct {
 	// NewContent for an edit) is only a sidecar preview (IsSidecarPreview).
 	// Parsing decides both, so the writer never decodes content again.
 	Preview bool
+	// Redacted is set when the server handed the event over already
+	// redacted (unsigned.redacted_because), as history fetched after the
+	// redaction arrives: its content is gone, and with it any relation, so
+	// nothing it once said may reach the screen.
+	Redacted bool
 }
 
 // maxEventBytes bounds the raw JSON of one inbound event before it is
@@ -278,6 +283,9 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 		ev.Preview = IsSidecarPreview(ev.NewContent)
 	} else {
 		_, ev.Preview = content[LongTextKey].(map[string]any)
+	}
+	if unsigned, ok := whole["unsigned"].(map[string]any); ok {
+		_, ev.Redacted = unsigned["redacted_because"]
 	}
 	whole["room_id"] = in.RoomID
 	if ev.Canonical, err = encodeCanonical(whole); err != nil {

@@ -82,19 +82,23 @@ func screenBody(content []byte, preview bool) (body []byte, owesRefetch bool) {
 // Project applies one newly admitted event to the visible projection of
 // the principal whose Matrix user ID is self. departed says the principal
 // is out of the event's room: what sync delivers from before a leave is
-// never projected into the next membership. A duplicate is never
-// projected: the caller projects only events it newly admitted.
+// never projected into the next membership. Live admission projects only
+// events it newly admitted; history re-projects duplicates (Reproject).
 func Project(s ProjectionStore, ev *Event, self string, departed bool) error {
 	if !departed {
 		var err error
-		switch ev.Kind {
-		case KindMessage, KindMedia:
+		if ev.Redacted {
+			err = projectRedactedCopy(s, ev)
+		}
+		switch {
+		case err != nil:
+		case ev.Kind == KindMessage, ev.Kind == KindMedia:
 			err = projectOriginal(s, ev)
-		case KindEdit:
+		case ev.Kind == KindEdit:
 			err = projectEdit(s, ev, self)
-		case KindRedaction:
+		case ev.Kind == KindRedaction:
 			err = projectRedaction(s, ev)
-		case KindReaction:
+		case ev.Kind == KindReaction:
 			err = settleIfRedacted(s, ev)
 		}
 		if err != nil {
@@ -108,6 +112,24 @@ func Project(s ProjectionStore, ev *Event, self string, departed bool) error {
 		if err := s.DropHeldEdits(ev.RoomID, ev.ID); err != nil {
 			return fmt.Errorf("drop edits held for %s: %w", ev.ID, err)
 		}
+	}
+	return nil
+}
+
+// projectRedactedCopy applies an event the server handed over already
+// redacted. The redaction itself may never be seen (a relations walk does
+// not return it), so the copy stands in for it: the tombstone goes first,
+// as a redaction's would, and a row showing the event goes.
+func projectRedactedCopy(s ProjectionStore, ev *Event) error {
+	if err := s.Tombstone(ev.RoomID, ev.ID); err != nil {
+		return fmt.Errorf("tombstone: %w", err)
+	}
+	row, ok, err := s.Visible(ev.RoomID, ev.ID)
+	if err != nil || !ok {
+		return err
+	}
+	if err := s.DropVisible(row); err != nil {
+		return fmt.Errorf("drop visible: %w", err)
 	}
 	return nil
 }
@@ -206,14 +228,18 @@ func projectEdit(s ProjectionStore, ev *Event, self string) error {
 	}
 	// A target the journal already holds but does not show (undecryptable,
 	// fenced, admitted while out of the room, itself an edit) will never
-	// project: a held edit of it would keep its plaintext for good, so it is
-	// dropped. Only a target not yet seen is waited for.
-	known, err := s.Journaled(ev.RoomID, ev.Target)
-	if err != nil {
-		return fmt.Errorf("journaled target: %w", err)
-	}
-	if known {
-		return nil
+	// project live: a held edit of it would keep its plaintext for good, so
+	// it is dropped. Only a target not yet seen is waited for. History is
+	// the exception: a walk after a rejoin re-projects the fenced target
+	// later in the same walk, and its edits must be waiting for it.
+	if ev.Provenance != History {
+		known, err := s.Journaled(ev.RoomID, ev.Target)
+		if err != nil {
+			return fmt.Errorf("journaled target: %w", err)
+		}
+		if known {
+			return nil
+		}
 	}
 	// Hold the newest edit per (target, sender), so a stranger's edit can
 	// never evict the author's.
@@ -280,4 +306,22 @@ func projectRedaction(s ProjectionStore, ev *Event) error {
 	}
 	// A redaction can be redacted too, before it arrives.
 	return settleIfRedacted(s, ev)
+}
+
+// Reproject applies an event the journal already holds, fetched again as
+// history, to the visible projection. After a departure fenced the room
+// and a rejoin began a new membership, the rows the old one derived are
+// gone while the journal rows stay as proof; history rebuilds what a person
+// sees. Every rule is idempotent except adding an original, so an original
+// already on screen is left as it is.
+func Reproject(s ProjectionStore, ev *Event, self string) error {
+	if ev.Kind.Original() && !ev.Redacted {
+		if _, ok, err := s.Visible(ev.RoomID, ev.ID); err != nil || ok {
+			if err != nil {
+				return fmt.Errorf("reproject %s: %w", ev.ID, err)
+			}
+			return nil
+		}
+	}
+	return Project(s, ev, self, false)
 }

@@ -178,6 +178,37 @@ type RelationLookup interface {
 	LatestVisibleEventID(ctx context.Context, roomID string, thread *string) (eventID string, ok bool, err error)
 }
 
+// HistoryResult counts what installing one chunk of history did.
+type HistoryResult struct {
+	// Admitted events were new to the journal; Known ones it held already
+	// (re-projected all the same); Rejected ones were malformed, recorded
+	// and skipped.
+	Admitted, Known, Rejected int
+}
+
+// Hydration installs what hydration fetches from the server, and the point
+// refetch. Every install is checked against the membership epoch the fetch
+// began under.
+type Hydration interface {
+	// InstallHistory journals and projects one chunk of a room's history,
+	// fetched under epoch, in one transaction: never work, and re-projected
+	// when already journaled. It fails with ErrMembershipEnded once that
+	// membership is over.
+	InstallHistory(ctx context.Context, roomID string, epoch int64, events []Inbound) (HistoryResult, error)
+	// MarkCovered publishes that a conversation (thread nil for the room)
+	// was hydrated under epoch.
+	MarkCovered(ctx context.Context, roomID string, thread *string, epoch int64) error
+	// Covered reports whether a conversation was hydrated under the room's
+	// current membership.
+	Covered(ctx context.Context, roomID string, thread *string) (bool, error)
+	// RefreshDebt reads the debt of a logical message owing a refetch; ok
+	// is false when it owes none.
+	RefreshDebt(ctx context.Context, roomID, eventID string) (debt RefreshDebt, ok bool, err error)
+	// ApplyRefetch installs the server's copy of a message owing a refetch
+	// (see the package function of that name).
+	ApplyRefetch(ctx context.Context, r Refetched) (RefetchOutcome, error)
+}
+
 // PrincipalStore is the whole principal-bound view. Runtime collaborators
 // should take the narrowest interface they call instead.
 type PrincipalStore interface {
@@ -188,6 +219,7 @@ type PrincipalStore interface {
 	Outbox
 	TurnRecords
 	Membership
+	Hydration
 	// Principal names the principal this view is bound to.
 	Principal() Principal
 }

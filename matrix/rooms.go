@@ -68,7 +68,9 @@ type RelationsPage struct {
 
 // Relations reads one page of the events relating to eventID, newest
 // first, asking the server to recurse through the whole relation tree.
-func (c *Client) Relations(ctx context.Context, room, eventID, from string, limit int) (RelationsPage, error) {
+// relType, when set, keeps only relations of that type (m.replace: the
+// edits).
+func (c *Client) Relations(ctx context.Context, room, eventID, relType, from string, limit int) (RelationsPage, error) {
 	if limit < 1 {
 		return RelationsPage{}, fmt.Errorf("relations: limit %d is not positive", limit)
 	}
@@ -77,7 +79,11 @@ func (c *Client) Relations(ctx context.Context, room, eventID, from string, limi
 		query["from"] = from
 	}
 	var page RelationsPage
-	url := c.mx.BuildURLWithQuery(mautrix.ClientURLPath{"v1", "rooms", room, "relations", eventID}, query)
+	path := mautrix.ClientURLPath{"v1", "rooms", room, "relations", eventID}
+	if relType != "" {
+		path = append(path, relType)
+	}
+	url := c.mx.BuildURLWithQuery(path, query)
 	if err := c.do(ctx, http.MethodGet, url, nil, &page); err != nil {
 		return RelationsPage{}, fmt.Errorf("relations of %s: %w", eventID, err)
 	}

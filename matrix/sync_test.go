@@ -125,7 +125,7 @@ func TestRelationsOfARootAreItsDirectChildrenWithoutRecursionDepth(t *testing.T)
 	child := human.ThreadReply(room, root, "child")
 	settle(t, human, room, human.React(room, child, "x"))
 
-	page, err := c.Relations(t.Context(), room, root, "", 10)
+	page, err := c.Relations(t.Context(), room, root, "", "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}

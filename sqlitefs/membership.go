@@ -74,7 +74,7 @@ func (f fence) Membership(room string) (int64, bool, error) { return membershipO
 // redactions stay because they still owe cleanup.
 func (f fence) EndMembership(room string) error {
 	forgetRoom(f.tx, f.p, room)
-	for _, q := range []string{upsertDeparture, fenceVisible, fenceVisibleTail, fenceHeldEdits, fenceTombstones} {
+	for _, q := range []string{upsertDeparture, fenceVisible, fenceVisibleTail, fenceHeldEdits, fenceTombstones, fenceCoverage} {
 		if _, err := f.tx.exec(q, f.p.ID, room); err != nil {
 			return err
 		}

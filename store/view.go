@@ -91,3 +91,51 @@ func (v *View) AdmittedEvent(ctx context.Context, eventID string) (journal.Admit
 func (v *View) LatestVisibleEventID(ctx context.Context, roomID string, thread *string) (string, bool, error) {
 	return v.s.db.LatestVisibleEventID(ctx, v.p, roomID, thread)
 }
+
+// InstallHistory implements journal.Hydration. Events are parsed here, in
+// the caller's goroutine, as admission's are.
+func (v *View) InstallHistory(ctx context.Context, roomID string, epoch int64, events []journal.Inbound) (journal.HistoryResult, error) {
+	size := 0
+	for _, e := range events {
+		size += len(e.Event)
+	}
+	parsed := sqlitefs.Parse(events, v.s.now())
+	return write(ctx, v, "install history", size, func(tx *sqlitefs.Tx) (journal.HistoryResult, []hint.Hint, error) {
+		res, err := sqlitefs.InstallHistory(tx, v.p, roomID, epoch, parsed)
+		return res, nil, err
+	})
+}
+
+// MarkCovered implements journal.Hydration.
+func (v *View) MarkCovered(ctx context.Context, roomID string, thread *string, epoch int64) error {
+	key, err := journal.EncodeThread(thread)
+	if err != nil {
+		return err
+	}
+	_, err = write(ctx, v, "mark covered", 0, func(tx *sqlitefs.Tx) (struct{}, []hint.Hint, error) {
+		return struct{}{}, nil, sqlitefs.MarkCovered(tx, v.p, roomID, key, epoch)
+	})
+	return err
+}
+
+// Covered implements journal.Hydration.
+func (v *View) Covered(ctx context.Context, roomID string, thread *string) (bool, error) {
+	key, err := journal.EncodeThread(thread)
+	if err != nil {
+		return false, err
+	}
+	return v.s.db.Covered(ctx, v.p, roomID, key)
+}
+
+// RefreshDebt implements journal.Hydration.
+func (v *View) RefreshDebt(ctx context.Context, roomID, eventID string) (journal.RefreshDebt, bool, error) {
+	return v.s.db.RefreshDebt(ctx, v.p, roomID, eventID)
+}
+
+// ApplyRefetch implements journal.Hydration.
+func (v *View) ApplyRefetch(ctx context.Context, r journal.Refetched) (journal.RefetchOutcome, error) {
+	return write(ctx, v, "apply refetch", 0, func(tx *sqlitefs.Tx) (journal.RefetchOutcome, []hint.Hint, error) {
+		outcome, err := sqlitefs.ApplyRefetch(tx, v.p, r)
+		return outcome, nil, err
+	})
+}
