@@ -67,9 +67,22 @@ type Agent struct {
 	// Hints carries the store's after-commit wake-ups; long-polls and
 	// streams wait on it. Required.
 	Hints *hint.Bus
+	// Conversation, when set, serves the agent's conversation pages and
+	// exports instead of Store: a reader that hydrates a cold conversation
+	// from the homeserver and answers strict reads. Nil reads the journal
+	// as it stands, and a strict read pays no refresh debt.
+	Conversation journal.ConversationReader
 	// Leave asks the agent's principal to leave a room (fence first, then
 	// the homeserver). Nil refuses leave requests.
 	Leave func(ctx context.Context, roomID string) error
+}
+
+// reader is what the agent's conversation pages are read through.
+func (a Agent) reader() journal.ConversationReader {
+	if a.Conversation != nil {
+		return a.Conversation
+	}
+	return a.Store
 }
 
 // Replier relates an agent's answer to the event it answers, exactly as the
@@ -248,6 +261,7 @@ const (
 	codeConflict         = "conflict"
 	codeTooLarge         = "payload_too_large"
 	codeUnavailable      = "unavailable"
+	codeStrictRead       = "strict_read_failed"
 	codeInternal         = "internal"
 	codeNotImplemented   = "not_implemented"
 	codeMethodNotAllowed = "method_not_allowed"
@@ -280,6 +294,10 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, agent string, err 
 	case errors.Is(err, journal.ErrInvalidArgument), errors.Is(err, journal.ErrBadCursor),
 		errors.Is(err, journal.ErrCursorConversation):
 		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+	case errors.Is(err, journal.ErrStrictRead):
+		// The homeserver could not complete the conversation; the client
+		// may retry, or read without strict.
+		writeError(w, http.StatusServiceUnavailable, codeStrictRead, err.Error())
 	case errors.Is(err, journal.ErrClosed):
 		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "the journal is closed")
 	case r.Context().Err() != nil:

@@ -793,3 +793,30 @@ func TestConcurrentDifferentRepliesTakeExactlyOne(t *testing.T) {
 		t.Fatalf("queued answer %v, recorded answer %v", got, want)
 	}
 }
+
+// failingReader is a conversation reader whose strict reads fail closed.
+type failingReader struct{ journal.ConversationReader }
+
+func (f failingReader) Read(ctx context.Context, req journal.ReadRequest) (journal.Page, error) {
+	if req.Strict {
+		return journal.Page{}, fmt.Errorf("%w: refetch $m: the homeserver is down", journal.ErrStrictRead)
+	}
+	return f.ConversationReader.Read(ctx, req)
+}
+
+func TestAStrictReadThatCannotCompleteIsRefusedWithItsReasonAndAPlainReadStillServes(t *testing.T) {
+	fx := newFixture(t, func(d *api.Deps) {
+		a := d.Agents["alpha"]
+		a.Conversation = failingReader{a.Store}
+		d.Agents["alpha"] = a
+	})
+	fx.admit(t, "!r:example.org", mx.Message("$m", "@u:example.org", 1000, "hi"))
+	status, body := fx.do(t, http.MethodGet, "/v1/agents/alpha/rooms/!r:example.org/messages?strict=true", alphaToken, nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"strict_read_failed"`) || !strings.Contains(string(body), "homeserver is down") {
+		t.Fatalf("strict read: %d %s, want 503 strict_read_failed with the reason", status, body)
+	}
+	status, body = fx.do(t, http.MethodGet, "/v1/agents/alpha/rooms/!r:example.org/messages", alphaToken, nil)
+	if status != http.StatusOK || !strings.Contains(string(body), `"$m"`) {
+		t.Fatalf("plain read: %d %s", status, body)
+	}
+}

@@ -66,7 +66,7 @@ func (s *server) export(w http.ResponseWriter, r *http.Request, name string, a A
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
 	for i := len(cursors) - 1; i >= 0; i-- {
-		page, err := a.Store.Read(ctx, journal.ReadRequest{RoomID: room, Thread: thread, Limit: s.exportPage,
+		page, err := a.reader().Read(ctx, journal.ReadRequest{RoomID: room, Thread: thread, Limit: s.exportPage,
 			Before: &cursors[i]})
 		if err != nil {
 			s.abort(name, err, r)

@@ -59,7 +59,7 @@ func (s *server) messages(w http.ResponseWriter, r *http.Request, name string, a
 		}
 		req.Before = &cur
 	}
-	page, err := a.Store.Read(r.Context(), req)
+	page, err := a.reader().Read(r.Context(), req)
 	if err != nil {
 		s.fail(w, r, name, err)
 		return

@@ -15,6 +15,11 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrClosed reports an operation on a store that has been closed.
 	ErrClosed = errors.New("store closed")
+	// ErrStrictRead reports a strict read that could not show the
+	// conversation whole: its hydration, or the refetch of a message its
+	// page owes, failed. It fails closed rather than serve a page with
+	// holes.
+	ErrStrictRead = errors.New("strict read failed")
 )
 
 // EventError explains why one inbound event was rejected. It wraps

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mindroomd/mindroomd/actors/hydrator"
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
@@ -34,6 +35,7 @@ type Metrics struct {
 	batch      prometheus.Histogram
 	commit     prometheus.Histogram
 	busyWaits  prometheus.Counter
+	hydration  *prometheus.CounterVec
 
 	mu       sync.Mutex
 	lastSync map[string]*atomic.Int64 // agent -> unix ms of its last admitted sync
@@ -69,9 +71,13 @@ func New(backlog BacklogFunc, now func() time.Time) *Metrics {
 			Name: "mindroomd_writer_busy_waits_total",
 			Help: "Times the writer found another connection holding the write lock and waited.",
 		}),
+		hydration: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mindroomd_hydration_total",
+			Help: "Hydration work by agent, kind (room, thread, refetch) and what was counted (walks, failures, requests, events, chunks).",
+		}, []string{"agent", "kind", "counted"}),
 		lastSync: make(map[string]*atomic.Int64),
 	}
-	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, journalGauges{backlog: backlog},
+	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, m.hydration, journalGauges{backlog: backlog},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -111,6 +117,26 @@ func (m *Metrics) Agent(name string) (onSynced func([]journal.AdmitResult), onDe
 	}
 	onDelivery = func(p outbox.Point) { m.deliveries.WithLabelValues(name, string(p)).Inc() }
 	return onSynced, onDelivery
+}
+
+// Hydration returns the hydrator hook of one agent (hydrator.Deps.Finished):
+// it counts the walks that fetched, their requests, the events they
+// fetched and the chunks they installed. A walk that found its
+// conversation covered fetched nothing and is not counted.
+func (m *Metrics) Hydration(agent string) func(hydrator.Walk, error) {
+	return func(w hydrator.Walk, err error) {
+		if w.Covered {
+			return
+		}
+		add := func(counted string, n int) { m.hydration.WithLabelValues(agent, w.Kind, counted).Add(float64(n)) }
+		add("walks", 1)
+		if err != nil {
+			add("failures", 1)
+		}
+		add("requests", w.Requests)
+		add("events", w.Events)
+		add("chunks", w.Chunks)
+	}
 }
 
 // Handler serves the registry as Prometheus text.

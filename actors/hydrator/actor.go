@@ -60,9 +60,10 @@ type Deps struct {
 	Timeout                   time.Duration
 	Now                       func() time.Time
 	Log                       zerolog.Logger
-	// Finished, when set, learns of every finished walk and refetch
-	// (metrics count requests, events and chunks here).
-	Finished func(Walk)
+	// Finished, when set, learns of every finished walk and refetch and
+	// how it ended (metrics count requests, events and chunks here). It
+	// runs on the actor: it must not block.
+	Finished func(Walk, error)
 }
 
 func (d *Deps) defaults() {
@@ -166,7 +167,7 @@ func (a *hydratorActor) spawn(ctx actor.Context, work func(context.Context) any)
 // logWalk writes the one line every finished walk and refetch gets.
 func (a *hydratorActor) logWalk(w Walk, err error) {
 	if a.deps.Finished != nil {
-		a.deps.Finished(w)
+		a.deps.Finished(w, err)
 	}
 	if w.Covered {
 		return

@@ -123,7 +123,7 @@ func newFixture(t *testing.T, deps hydrator.Deps) *fixture {
 	}
 	f.tr = &counting{Client: f.client}
 	deps.Store, deps.Transport = f.view, f.tr
-	deps.Finished = func(w hydrator.Walk) {
+	deps.Finished = func(w hydrator.Walk, _ error) {
 		f.mu.Lock()
 		f.walks = append(f.walks, w)
 		f.mu.Unlock()
@@ -304,7 +304,7 @@ func TestAFailedRefetchFailsAStrictReadClosedAndKeepsTheDebt(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := f.reader.Read(f.ctx, journal.ReadRequest{RoomID: f.room, Limit: 10, Strict: true})
-	if !errors.Is(err, hydrator.ErrStrictRead) || !errors.Is(err, journal.ErrRefetchRefused) {
+	if !errors.Is(err, journal.ErrStrictRead) || !errors.Is(err, journal.ErrRefetchRefused) {
 		t.Fatalf("strict read: %v, want it to fail closed with the refusal", err)
 	}
 	if _, owed, err := f.view.RefreshDebt(f.ctx, f.room, m); err != nil || !owed {

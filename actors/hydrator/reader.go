@@ -2,19 +2,13 @@ package hydrator
 
 import (
 	"context"
-	"errors"
-	"fmt"
+		"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
-
-// ErrStrictRead reports a strict read that could not show the conversation
-// whole: its hydration or the refetch of an owed message failed. It fails
-// closed rather than serve a page with holes.
-var ErrStrictRead = errors.New("strict read failed")
 
 // ReaderStore is what a Reader reads: pages and coverage.
 type ReaderStore interface {
@@ -24,7 +18,7 @@ type ReaderStore interface {
 
 // Reader reads conversations as a person sees them, hydrating a cold one
 // first through the hydrator actor. A strict read then waits for one shared
-// refetch of each message its page owes, and fails closed (ErrStrictRead)
+// refetch of each message its page owes, and fails closed (journal.ErrStrictRead)
 // if any cannot complete; a read that is not strict never waits for a
 // refetch, and serves what the journal holds when hydration fails.
 type Reader struct {
@@ -41,7 +35,7 @@ var _ journal.ConversationReader = (*Reader)(nil)
 func (r *Reader) Read(ctx context.Context, req journal.ReadRequest) (journal.Page, error) {
 	if err := r.hydrate(ctx, req.RoomID, req.Thread); err != nil {
 		if req.Strict {
-			return journal.Page{}, fmt.Errorf("%w: %w", ErrStrictRead, err)
+			return journal.Page{}, fmt.Errorf("%w: %w", journal.ErrStrictRead, err)
 		}
 		r.Log.Warn().Err(err).Str("room_id", req.RoomID).Msg("Reading without hydration")
 	}
@@ -51,7 +45,7 @@ func (r *Reader) Read(ctx context.Context, req journal.ReadRequest) (journal.Pag
 	}
 	for _, id := range page.OwedRefetch {
 		if err := r.refetch(ctx, req.RoomID, id); err != nil {
-			return journal.Page{}, fmt.Errorf("%w: %w", ErrStrictRead, err)
+			return journal.Page{}, fmt.Errorf("%w: %w", journal.ErrStrictRead, err)
 		}
 	}
 	if page, err = r.Store.Read(ctx, req); err != nil {
@@ -60,7 +54,7 @@ func (r *Reader) Read(ctx context.Context, req journal.ReadRequest) (journal.Pag
 	if len(page.OwedRefetch) > 0 {
 		// Something newer owes a refetch again already; the next strict
 		// read retries.
-		return journal.Page{}, fmt.Errorf("%w: %s still owes a refetch", ErrStrictRead, page.OwedRefetch[0])
+		return journal.Page{}, fmt.Errorf("%w: %s still owes a refetch", journal.ErrStrictRead, page.OwedRefetch[0])
 	}
 	return page, nil
 }

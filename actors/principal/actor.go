@@ -37,6 +37,10 @@ const (
 type Deps struct {
 	// Store is the principal-bound journal view.
 	Store journal.PrincipalStore
+	// Conversation, when set, is what a turn reads its conversation
+	// through (Turn.Conversation) instead of Store: a reader that hydrates
+	// a cold conversation from the homeserver first.
+	Conversation journal.ConversationReader
 	// Transport is the homeserver, signed in as the principal's account.
 	Transport Transport
 	// Agent answers the principal's work. Nil leaves the work to an agent
