@@ -2,7 +2,7 @@ package hydrator
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
