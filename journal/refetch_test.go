@@ -161,3 +161,38 @@ func TestThePointRefetchRules(t *testing.T) {
 		})
 	}
 }
+
+func TestAHistoryEditWaitsForAFencedTargetTheWalkBringsBack(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		prov journal.Provenance
+		want []string
+	}{
+		{"History", journal.History, []string{"$a=a2"}},
+		// Live, a target the journal holds but does not show never projects.
+		{"Live", journal.Live, []string{"$a=a"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := newMemProjection()
+			m.admit(t, false, msgEv("$a", alice, 1000, "a"))
+			delete(m.visible, k(parseRoom, "$a")) // the fence took its row
+			edit, err := journal.ParseEvent(journal.Inbound{RoomID: parseRoom, Provenance: c.prov,
+				Event: json.RawMessage(editEv("$e", alice, 2000, "$a", "a2"))}, parseNow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.seq++
+			m.journal[edit.ID] = edit
+			if err := journal.Project(m, edit, self, false); err != nil {
+				t.Fatal(err)
+			}
+			m.seq++
+			if err := journal.Reproject(m, parsed(t, msgEv("$a", alice, 1000, "a")), self); err != nil {
+				t.Fatal(err)
+			}
+			if got := m.screen(); !slices.Equal(got, c.want) {
+				t.Fatalf("screen = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
