@@ -19,6 +19,10 @@ type View struct {
 
 var _ journal.PrincipalStore = (*View)(nil)
 
+// Hints returns the store's after-commit bus, on which this view's
+// commits are published.
+func (v *View) Hints() *hint.Bus { return v.s.hints }
+
 // Principal names the bound principal.
 func (v *View) Principal() journal.Principal { return v.p.Principal }
 

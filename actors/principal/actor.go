@@ -52,7 +52,9 @@ type Deps struct {
 	Sender     outbox.Sender
 	Reconciler outbox.Reconciler
 	DeviceID   string
-	// Hints is the store's after-commit bus.
+	// Hints is the store's after-commit bus, which wakes the worker and
+	// the outbox. Nil takes it from Store when Store has one
+	// (store.View.Hints); Props panics when there is none.
 	Hints *hint.Bus
 	// AutoJoin accepts room invites.
 	AutoJoin bool
@@ -92,7 +94,14 @@ func Props(d Deps) *actor.Props {
 		d.BackoffMax = DefaultBackoffMax
 	}
 	if d.Hints == nil {
-		d.Hints = &hint.Bus{}
+		// A bus of its own would never hear a commit, and the principal
+		// would journal work and never answer it: the store's is the only
+		// one that will do.
+		h, ok := d.Store.(interface{ Hints() *hint.Bus })
+		if !ok {
+			panic("principal: Deps.Hints is required: the store's after-commit bus")
+		}
+		d.Hints = h.Hints()
 	}
 	return actor.PropsFromProducer(func() actor.Actor { return &principalActor{deps: d} },
 		actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
