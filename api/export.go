@@ -3,7 +3,9 @@ package api
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -31,53 +33,43 @@ func (s *server) export(w http.ResponseWriter, r *http.Request, name string, a A
 	if !ok {
 		return
 	}
-	var write func(*bufio.Writer, journal.Page) error
-	contentType := ""
-	switch q.Get("format") {
-	case "", "jsonl":
-		write, contentType = writeJSONLines, "application/x-ndjson"
-	case "markdown":
-		write, contentType = writeMarkdown, "text/markdown; charset=utf-8"
-	default:
-		writeError(w, http.StatusBadRequest, codeBadRequest, "format must be jsonl or markdown")
+	write, contentType, err := ExportFormat(q.Get("format"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 		return
 	}
-
-	var (
-		newest  journal.Page
-		first   = true
-		cursors []journal.Cursor
-	)
-	for page, err := range journal.Export(ctx, a.Store, room, thread, s.exportPage) {
-		if err != nil {
-			s.fail(w, r, name, err)
-			return
-		}
-		if first {
-			newest, first = page, false
-		}
-		if page.NextCursor != nil {
-			cursors = append(cursors, *page.NextCursor)
-		}
+	reader := a.reader()
+	plan, err := journal.PlanExport(ctx, reader, room, thread, s.exportPage, nil)
+	if err != nil {
+		s.fail(w, r, name, err)
+		return
 	}
-
 	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
-	for i := len(cursors) - 1; i >= 0; i-- {
-		page, err := a.reader().Read(ctx, journal.ReadRequest{RoomID: room, Thread: thread, Limit: s.exportPage,
-			Before: &cursors[i]})
+	for page, err := range plan.Pages(ctx, reader, room, thread, s.exportPage) {
 		if err != nil {
 			s.abort(name, err, r)
 		}
 		if write(bw, page) != nil || bw.Flush() != nil {
-			return
+			return // the client went away: nothing to tell it
 		}
 	}
-	if write(bw, newest) == nil {
-		_ = bw.Flush() // the client went away: nothing to tell it
+}
+
+// ExportFormat returns the writer of one export page in format ("" or
+// jsonl: one JSON message per line; markdown: for people) and its content
+// type. The daemon's export route and an offline export write the same
+// bytes through it.
+func ExportFormat(format string) (write func(io.Writer, journal.Page) error, contentType string, err error) {
+	switch format {
+	case "", "jsonl":
+		return writeJSONLines, "application/x-ndjson", nil
+	case "markdown":
+		return writeMarkdown, "text/markdown; charset=utf-8", nil
 	}
+	return nil, "", errors.New("format must be jsonl or markdown")
 }
 
 // abort ends a response whose status is already sent: the connection is
@@ -95,7 +87,7 @@ type owedLine struct {
 	OwedRefetch []string `json:"owed_refetch"`
 }
 
-func writeJSONLines(bw *bufio.Writer, page journal.Page) error {
+func writeJSONLines(bw io.Writer, page journal.Page) error {
 	enc := json.NewEncoder(bw)
 	for _, m := range page.Messages {
 		if err := enc.Encode(toMessage(m)); err != nil {
@@ -108,7 +100,7 @@ func writeJSONLines(bw *bufio.Writer, page journal.Page) error {
 	return nil
 }
 
-func writeMarkdown(bw *bufio.Writer, page journal.Page) error {
+func writeMarkdown(bw io.Writer, page journal.Page) error {
 	for _, m := range page.Messages {
 		var c struct {
 			MsgType string `json:"msgtype"`

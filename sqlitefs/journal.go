@@ -115,7 +115,7 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 		newest[ev.RoomID] = seq
 	}
 	if nextBatch != "" {
-		if _, err := tx.exec(updateSyncToken, nextBatch, p.ID); err != nil {
+		if _, err := tx.exec(updateSyncToken, nextBatch, tx.nowMS(), p.ID); err != nil {
 			return nil, nil, fmt.Errorf("store sync token: %w", err)
 		}
 	}

@@ -217,8 +217,8 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 
-	if got, want := migCount(t, db, queryUserVersion), int64(SchemaVersion()); got != want || want != 3 {
-		t.Fatalf("user_version = %d, want %d (schema version 3)", got, want)
+	if got, want := migCount(t, db, queryUserVersion), int64(SchemaVersion()); got != want || want != 5 {
+		t.Fatalf("user_version = %d, want %d (schema version 5)", got, want)
 	}
 	if got, err := db.Generation(ctx); err != nil || got != generation {
 		t.Fatalf("generation = %q, %v; want the v2 file's %q", got, err, generation)
@@ -343,12 +343,8 @@ func TestAReadOnlyOpenRefusesAnOlderSchemaAndLeavesItAlone(t *testing.T) {
 	}
 	older := SchemaVersion() - 1
 	func() {
-		raw, err := sql.Open("sqlite3", path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		raw := rawWithIDHash(path)
 		defer raw.Close()
-		raw.SetMaxOpenConns(1)
 		for _, p := range []string{pragmaPageSize, pragmaJournalWAL} {
 			if _, err := raw.ExecContext(ctx, p); err != nil {
 				t.Fatalf("%s: %v", p, err)

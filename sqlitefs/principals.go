@@ -15,7 +15,9 @@ const (
 		ON CONFLICT (agent, user_id) DO UPDATE SET agent = excluded.agent
 		RETURNING id`
 	selectSyncToken = `SELECT sync_token FROM principals WHERE id = ?`
-	updateSyncToken = `UPDATE principals SET sync_token = ? WHERE id = ?`
+	// The token's time is the batch's: the time of the principal's last
+	// completed sync, whose age status reports.
+	updateSyncToken = `UPDATE principals SET sync_token = ?, sync_token_ms = ? WHERE id = ?`
 )
 
 // Principal is a principal with its interned row ID. Commands take it from

@@ -2,15 +2,29 @@ package sqlitefs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 )
 
-const selectStatus = `SELECT p.agent, p.user_id,
+// selectStatus reads every figure of every principal in one statement, so
+// they come from one snapshot. The outbox is read once, grouped by
+// principal, its states being journal.DeliveryState's: 0 queued,
+// 1 attempted, 2 acknowledged, 3 failed, 4 retired.
+const selectStatus = `SELECT p.agent, p.user_id, p.sync_token <> '', p.sync_token_ms,
 		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id),
 		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id AND j.state = 0),
 		(SELECT count(*) FROM rooms r JOIN visible_messages v ON v.room = r.id WHERE r.principal = p.id),
-		(SELECT count(*) FROM delivery_outbox o WHERE o.principal = p.id AND o.state IN (0, 1))
-	FROM principals p ORDER BY p.agent, p.user_id`
+		coalesce(o.queued, 0), coalesce(o.attempted, 0), coalesce(o.acknowledged, 0),
+		coalesce(o.failed, 0), coalesce(o.retired, 0),
+		(SELECT count(*) FROM owed_departure_reports d WHERE d.principal = p.id)
+	FROM principals p
+	LEFT JOIN (SELECT principal,
+			sum(state = 0) AS queued, sum(state = 1) AS attempted, sum(state = 2) AS acknowledged,
+			sum(state = 3) AS failed, sum(state = 4) AS retired
+		FROM delivery_outbox GROUP BY principal) o ON o.principal = p.id
+	ORDER BY p.agent, p.user_id`
 
 // selectBacklog counts what each principal still owes, through the partial
 // indexes on pending events and unacknowledged deliveries only: it is read
@@ -62,7 +76,20 @@ type PrincipalStatus struct {
 	Events        int64 // journal rows
 	Pending       int64 // actionable events not yet settled
 	Visible       int64 // visible messages
-	Undelivered   int64 // outbox rows not yet acknowledged
+	// The outbox's rows by state (journal.DeliveryState): never attempted,
+	// attempted and not yet acknowledged, acknowledged, permanently
+	// refused, and retired unsent.
+	Queued, Attempted, Acknowledged, Failed, Retired int64
+	// OwedDepartures counts the local leaves whose sync-reported echo is
+	// still owed.
+	OwedDepartures int64
+	// HasSyncToken reports whether a sync has completed and stored its
+	// token.
+	HasSyncToken bool
+	// SyncTokenMS is when the sync token was stored, in unix milliseconds:
+	// the time of the last completed sync. 0 when not known: no token, or
+	// one stored by a mindroomd that did not keep the time.
+	SyncTokenMS int64
 }
 
 // Status summarises every principal. It counts rows, so it is an operator
@@ -76,7 +103,8 @@ func (db *DB) Status(ctx context.Context) ([]PrincipalStatus, error) {
 	var out []PrincipalStatus
 	for rows.Next() {
 		var s PrincipalStatus
-		if err := rows.Scan(&s.Agent, &s.UserID, &s.Events, &s.Pending, &s.Visible, &s.Undelivered); err != nil {
+		if err := rows.Scan(&s.Agent, &s.UserID, &s.HasSyncToken, &s.SyncTokenMS, &s.Events, &s.Pending, &s.Visible,
+			&s.Queued, &s.Attempted, &s.Acknowledged, &s.Failed, &s.Retired, &s.OwedDepartures); err != nil {
 			return nil, fmt.Errorf("read status: %w", err)
 		}
 		out = append(out, s)
@@ -85,4 +113,35 @@ func (db *DB) Status(ctx context.Context) ([]PrincipalStatus, error) {
 		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
 	}
 	return out, nil
+}
+
+// walSuffix names a database's write-ahead log after it, as SQLite does.
+const walSuffix = "-wal"
+
+// FileSizes are the sizes of the journal's files on disk, in bytes.
+type FileSizes struct {
+	// Database is the journal file itself.
+	Database int64
+	// WAL is its write-ahead log: committed pages not yet checkpointed into
+	// the file, or space kept for the next ones. 0 when there is none, as
+	// after an orderly shutdown.
+	WAL int64
+}
+
+// Sizes reads the sizes of the journal's files. It reads the file system,
+// not the database, so it neither waits for a lock nor changes a file.
+func (db *DB) Sizes() (FileSizes, error) {
+	var sz FileSizes
+	fi, err := os.Stat(db.Path)
+	if err != nil {
+		return sz, fmt.Errorf("journal size: %w", err)
+	}
+	sz.Database = fi.Size()
+	switch fi, err := os.Stat(db.Path + walSuffix); {
+	case err == nil:
+		sz.WAL = fi.Size()
+	case !errors.Is(err, fs.ErrNotExist):
+		return sz, fmt.Errorf("WAL size: %w", err)
+	}
+	return sz, nil
 }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/sqlitefs"
@@ -143,7 +144,8 @@ func (e *usageError) helpArgs() string {
 // commands lists the subcommands for the top-level help and each one's own.
 var commands = []struct{ name, summary string }{
 	{"run", "run the daemon: sync, journal and answer for every configured agent"},
-	{"status", "summarise the journal: principals, pending work, undelivered replies"},
+	{"status", "summarise the journal: pending work, replies by state, sync age, file sizes"},
+	{"export", "write one conversation, oldest message first, as the agent API's export does"},
 	{"backup", "write a consistent copy of the journal to a new file, beside a running daemon"},
 	{"version", "print the version"},
 	{"help", "print this help, or a command's: help <command>"},
@@ -175,15 +177,17 @@ func summary(command string) string {
 type Main struct {
 	out     io.Writer
 	errOut  io.Writer
+	now     func() time.Time
 	command string
 	storage string
 	config  string
 	to      string
+	export  exportOptions
 }
 
-// NewMain returns a Main writing its output to out and the daemon's log to
-// errOut.
-func NewMain(out, errOut io.Writer) *Main { return &Main{out: out, errOut: errOut} }
+// NewMain returns a Main writing its output to out, and the daemon's log
+// and an export's progress to errOut.
+func NewMain(out, errOut io.Writer) *Main { return &Main{out: out, errOut: errOut, now: time.Now} }
 
 // ParseFlags reads the subcommand and its flags. When help is asked for it
 // prints it to the output and returns flag.ErrHelp; a command line it
@@ -214,6 +218,16 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 	case "backup":
 		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
 		fs.StringVar(&m.to, "to", "", "the backup file to create (required; never overwritten)")
+	case "export":
+		fs.StringVar(&m.export.config, "config", "mindroom.yaml", "the daemon's configuration file: its agents, listen address and storage")
+		fs.StringVar(&m.export.agent, "agent", "", "the agent whose conversation it is (default: the only configured agent)")
+		fs.StringVar(&m.export.room, "room", "", "the room ID (required)")
+		fs.StringVar(&m.export.thread, "thread", "", "the event ID of a thread root: export the thread instead of the room")
+		fs.StringVar(&m.export.format, "format", formatJSONLines, "jsonl (one message object a line) or markdown")
+		fs.StringVar(&m.export.api, "api", "", "the agent API's base URL (default: http:// and the configured listen address)")
+		fs.StringVar(&m.export.tokenFile, "token-file", "",
+			"a file holding the agent's API token (default: $"+envAPIToken+", else the agent's api_token_file)")
+		fs.BoolVar(&m.export.offline, "offline", false, "read the journal itself, read-only, instead of asking the daemon")
 	case "version":
 	default:
 		return &usageError{err: fmt.Errorf("unknown command %q", m.command)}
@@ -231,6 +245,10 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return &usageError{command: m.command, err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	case m.command == "backup" && m.to == "":
 		return &usageError{command: m.command, err: errors.New("-to is required")}
+	case m.command == "export":
+		if err := m.export.check(); err != nil {
+			return &usageError{command: m.command, err: err}
+		}
 	}
 	return nil
 }
@@ -242,7 +260,9 @@ func (m *Main) Run(ctx context.Context) error {
 		_, err := fmt.Fprintln(m.out, "mindroomd", version)
 		return err
 	case "status":
-		return runStatus(ctx, m.out, m.storage)
+		return runStatus(ctx, m.out, m.storage, m.now)
+	case "export":
+		return runExport(ctx, m.out, m.errOut, m.export)
 	case "run":
 		return runDaemon(ctx, m.errOut, m.config)
 	case "backup":

@@ -5,15 +5,19 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
-// runStatus prints one line per principal. It reads the journal read-only
+// runStatus prints the journal's identity and file sizes, then one line
+// per principal: its journal rows, pending work and visible messages, its
+// outbox by state, the departure echoes it is owed, and how long before
+// now its last sync stored its token. It reads the journal read-only
 // (sqlitefs.OpenReadOnly), so it runs beside the daemon without waiting for
 // it or changing the file, and a mistyped path is an error rather than a
 // new file.
-func runStatus(ctx context.Context, out io.Writer, storage string) error {
+func runStatus(ctx context.Context, out io.Writer, storage string, now func() time.Time) error {
 	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
 	if err != nil {
 		return err
@@ -27,13 +31,49 @@ func runStatus(ctx context.Context, out io.Writer, storage string) error {
 	if err != nil {
 		return err
 	}
+	sz, err := db.Sizes()
+	if err != nil {
+		return err
+	}
+	at := now()
 	fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", db.Path, gen, sqlitefs.SchemaVersion())
+	fmt.Fprintf(out, "database %s, WAL %s\n\n", size(sz.Database), size(sz.WAL))
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tUNDELIVERED")
+	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tQUEUED\tATTEMPTED\tACKNOWLEDGED\tFAILED\tRETIRED\tOWED DEPARTURES\tSYNC TOKEN AGE")
 	for _, s := range st {
-		fmt.Fprintf(w, "%s@%s\t%d\t%d\t%d\t%d\n", s.Agent, s.UserID, s.Events, s.Pending, s.Visible, s.Undelivered)
+		fmt.Fprintf(w, "%s@%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Agent, s.UserID, s.Events, s.Pending, s.Visible,
+			s.Queued, s.Attempted, s.Acknowledged, s.Failed, s.Retired, s.OwedDepartures, syncAge(s, at))
 	}
 	return w.Flush()
+}
+
+// syncAge is how long before now a principal's sync token was stored:
+// "none" before its first completed sync, "unknown" for a token stored by
+// a mindroomd that did not keep the time. A time ahead of now (the clock
+// was set back) reads as 0s.
+func syncAge(s sqlitefs.PrincipalStatus, now time.Time) string {
+	switch {
+	case !s.HasSyncToken:
+		return "none"
+	case s.SyncTokenMS == 0:
+		return "unknown"
+	}
+	return max(0, now.Sub(time.UnixMilli(s.SyncTokenMS))).Round(time.Second).String()
+}
+
+// size spells a file size in binary units, with the exact bytes beside
+// anything larger than a KiB.
+func size(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB (%d bytes)", float64(n)/float64(div), "KMGTP"[exp], n)
 }
 
 // runBackup writes a consistent copy of the journal under storage to the
