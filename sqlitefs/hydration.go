@@ -75,7 +75,7 @@ func InstallHistory(tx *Tx, p Principal, room string, epoch int64, events []Pars
 		if err := tx.queryRow(selectJournaledSeq, p.ID, IDHash(ev.ID), ev.ID, room).Scan(&seq, &ev.Thread); err != nil {
 			return res, fmt.Errorf("install %s: %w", ev.ID, err)
 		}
-		if err := journal.Reproject(&projector{tx: tx, p: p, seq: seq, room: ref}, ev, p.UserID); err != nil {
+		if err := journal.Reproject(&projector{tx: tx, p: p, seq: seq, room: ref, rebuilt: true}, ev, p.UserID); err != nil {
 			return res, err
 		}
 	}

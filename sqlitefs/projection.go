@@ -40,6 +40,11 @@ const (
 	deleteHeldEdits  = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ? AND target_id = ?`
 	takeHeldEditsFor = `DELETE FROM unresolved_edits WHERE principal = ? AND room_id = ? AND target_id = ?
 		RETURNING sender, edit_id, edit_ts, content_json`
+	// A row rebuilt by history keeps the seq of its original's first
+	// admission, which a merge may long have passed: it goes straight into
+	// the page index, since no merge will look for it in the tail.
+	indexRebuiltRow = `INSERT INTO visible_page (` + mergeColumns + `)
+		SELECT ?1, ?2, ?3, ?4, ?5 WHERE ?5 <= ` + mergedUpto + ` ON CONFLICT DO NOTHING`
 	clearHeldEdit     = `UPDATE unresolved_edits SET content_json = NULL WHERE principal = ? AND room_id = ? AND edit_id = ?`
 	selectJournalEdit = `SELECT target_id FROM journal_events
 		WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ? AND kind = 3`
@@ -66,6 +71,9 @@ type projector struct {
 	p    Principal
 	seq  int64
 	room roomRef
+	// rebuilt is set when the event was admitted before (history
+	// re-projecting it), so seq may be older than the page index's mark.
+	rebuilt bool
 }
 
 var _ journal.ProjectionStore = (*projector)(nil)
@@ -146,6 +154,15 @@ func (j *projector) AddVisible(ev *journal.Event, rev journal.Revision, body []b
 	if _, err := j.tx.exec(insertVisible, j.seq, j.room.key, ev.Thread, ev.ID, ev.Sender, ev.TS,
 		storedRevisionID(rev, ev.ID), rev.TS, nullableBody(body), j.refreshToken(owesRefetch), j.room.epoch); err != nil {
 		return err
+	}
+	if j.rebuilt {
+		r, err := j.tx.exec(indexRebuiltRow, j.room.key, ev.Thread, ev.TS, ev.ID, j.seq)
+		if err != nil {
+			return err
+		}
+		if n, err := r.RowsAffected(); err != nil || n > 0 {
+			return err
+		}
 	}
 	return noteVisibleRow(j.tx)
 }
