@@ -21,10 +21,13 @@ STATICCHECK         := $(CURDIR)/.cache/bin/staticcheck-$(STATICCHECK_VERSION)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/mindroomd ./cmd/mindroomd
 
-# A local Dendrite, the echo agent and a person, end to end (./.demo);
-# DEMO_KEEP=1 leaves the servers running.
+# A local Dendrite, an agent and a person, end to end (./.demo);
+# DEMO_KEEP=1 leaves the servers running. AGENT picks the back-end: echo,
+# exec (examples/echo-agent.py) or openai (streamed, against a stand-in
+# model server the demo runs).
+AGENT ?= echo
 demo: build dendrite
-	$(GO) run ./cmd/demo
+	$(GO) run ./cmd/demo -agent $(AGENT)
 
 test: lint dendrite
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)

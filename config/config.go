@@ -36,6 +36,9 @@ const (
 	DefaultListen          = "127.0.0.1:8787"
 	DefaultExecTimeout     = 30 * time.Second
 	DefaultContextMessages = 20
+	// MaxContextMessages bounds context_messages: the history of one
+	// request is read in one page.
+	MaxContextMessages = 1000
 )
 
 // The environment variables that override the file, one per field.
@@ -208,8 +211,10 @@ type OpenAI struct {
 	APIKeyFile string `yaml:"api_key_file"`
 	// SystemPrompt opens every request.
 	SystemPrompt string `yaml:"system_prompt"`
-	// ContextMessages is how many earlier messages of the room go with
-	// each request. Absent or zero means 20.
+	// ContextMessages is how many of the last visible messages of the
+	// event's conversation (its thread, or the room), up to and including
+	// the question, go with each request. Absent or zero means 20; at most
+	// MaxContextMessages.
 	ContextMessages int `yaml:"context_messages"`
 	// Stream asks for a streamed answer.
 	Stream bool `yaml:"stream"`
@@ -372,8 +377,8 @@ func (b *Backend) validate(field string) error {
 		if b.OpenAI.Model == "" {
 			return fieldErr(field+".model", "required")
 		}
-		if b.OpenAI.ContextMessages < 0 {
-			return fieldErr(field+".context_messages", "%d is negative", b.OpenAI.ContextMessages)
+		if b.OpenAI.ContextMessages < 0 || b.OpenAI.ContextMessages > MaxContextMessages {
+			return fieldErr(field+".context_messages", "%d is not in 0..%d", b.OpenAI.ContextMessages, MaxContextMessages)
 		}
 		if b.OpenAI.ContextMessages == 0 {
 			b.OpenAI.ContextMessages = DefaultContextMessages

@@ -28,6 +28,15 @@ type Turn struct {
 	Thread *string
 	// Conversation reads the conversation as a person sees it.
 	Conversation journal.ConversationReader
+	// Progress, set when the principal sends a placeholder before asking,
+	// shows the answer written so far in that placeholder, as an edit
+	// marked in progress. It is best-effort (a failed edit is logged and
+	// dropped) and leaves no trace in the journal: only the Reply is
+	// delivered, through the outbox, and replaces whatever progress showed.
+	// Each call is one request to the homeserver and the agent waits for
+	// it, so an agent calls it at most about once a second. Calls must not
+	// overlap, and none may come after Answer returned.
+	Progress func(ctx context.Context, text string)
 }
 
 // Reply is the agent's answer to a turn.

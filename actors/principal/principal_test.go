@@ -104,8 +104,10 @@ type fixture struct {
 	room       string
 	agent      *echo
 
-	// sender, when set, wraps the agent's outbox sender.
-	sender func(outbox.Sender) outbox.Sender
+	// sender, when set, wraps the agent's outbox sender; transport its
+	// transport.
+	sender    func(outbox.Sender) outbox.Sender
+	transport func(principal.Transport) principal.Transport
 	// answer, when set, is the agent instead of agent; placeholder is the
 	// principal's placeholder content.
 	answer      principal.Agent
@@ -150,12 +152,16 @@ func (f *fixture) start() {
 	if f.sender != nil {
 		sender = f.sender(sender)
 	}
+	var transport principal.Transport = f.client
+	if f.transport != nil {
+		transport = f.transport(transport)
+	}
 	var agent principal.Agent = f.agent
 	if f.answer != nil {
 		agent = f.answer
 	}
 	f.pid = f.system.Root.Spawn(principal.Props(principal.Deps{
-		Store: f.view, Transport: f.client, Agent: agent, Placeholder: f.placeholder,
+		Store: f.view, Transport: transport, Agent: agent, Placeholder: f.placeholder,
 		Sender: sender, Reconciler: matrix.NewReconciler(f.client), DeviceID: f.client.DeviceID(),
 		Hints: s.Hints(), AutoJoin: true, Log: testLog(f.t), SyncTimeout: time.Second,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,

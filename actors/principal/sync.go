@@ -22,6 +22,9 @@ type Transport interface {
 	Messages(ctx context.Context, room, from string, dir matrix.Direction, limit int) (matrix.MessagesPage, error)
 	Join(ctx context.Context, room string) (string, error)
 	Leave(ctx context.Context, room string) error
+	// Send puts content into room under txnID and returns the event's ID:
+	// the progress edits of a turn, which bypass the outbox.
+	Send(ctx context.Context, room, eventType, txnID string, content json.RawMessage) (string, error)
 }
 
 // memberType is in the JSON of every membership event that escapes no

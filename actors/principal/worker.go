@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -133,12 +135,14 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	case answered:
 		content = rec.Record
 	default:
+		var progress func(context.Context, string)
 		if a.deps.Placeholder != nil {
 			if dropped, err := a.placeholder(ctx, e, id, thread); dropped || err != nil {
 				return err
 			}
+			progress = a.progress(e, id)
 		}
-		reply, err := a.deps.Agent.Answer(ctx, Turn{Event: e, Thread: thread, Conversation: a.deps.Store})
+		reply, err := a.deps.Agent.Answer(ctx, Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress})
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
@@ -174,6 +178,63 @@ func (a *principalActor) placeholder(ctx context.Context, e journal.PendingEvent
 		RoomID: e.RoomID, Thread: thread, Content: content})
 	return a.dropIfEnded(ctx, e, err)
 }
+
+// progressTimeout bounds one progress edit: the agent waits for it, and
+// the edit is worth less than the answer it holds up.
+const progressTimeout = 5 * time.Second
+
+// progress is Turn.Progress for the turn of e, whose delivery is id: each
+// call edits the placeholder, once the outbox has it acknowledged (until
+// then there is nothing to edit and a call does nothing), straight through
+// the transport. The edit is marked in progress in its content and in its
+// new content, so the projection drops its sync echo
+// (journal.IsTransportProgress), and it carries no delivery marker, so no
+// reconciliation mistakes it for a stage of the reply. Its transaction ID
+// is random: an edit is never retried, and a retried turn's edits must not
+// be taken for its earlier attempt's.
+func (a *principalActor) progress(e journal.PendingEvent, id string) func(context.Context, string) {
+	var target string // the placeholder's event ID, once acknowledged
+	return func(ctx context.Context, text string) {
+		if target == "" {
+			d, err := a.deps.Store.Delivery(ctx, id, journal.StageInitial)
+			if err != nil {
+				a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("Reading the placeholder failed; progress not shown")
+				return
+			}
+			if d.State != journal.DeliveryAcknowledged {
+				return
+			}
+			target = d.EventID
+		}
+		content, err := progressContent(target, text)
+		if err == nil {
+			sendCtx, cancel := context.WithTimeout(ctx, progressTimeout)
+			_, err = a.deps.Transport.Send(sendCtx, e.RoomID, progressEventType, "mindroomd-progress-"+uuid.NewString(), content)
+			cancel()
+		}
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("Progress edit failed; ignored")
+		}
+	}
+}
+
+// progressEventType is the type of a progress edit: an edit has the type of
+// the message it edits, and a placeholder is a message.
+const progressEventType = "m.room.message"
+
+// progressContent is an edit of target showing text as still streaming.
+func progressContent(target, text string) (json.RawMessage, error) {
+	newContent := map[string]string{"msgtype": "m.text", "body": text, journal.StreamStatusKey: streamStatusStreaming}
+	return json.Marshal(map[string]any{
+		"msgtype": "m.text", "body": "* " + text, journal.StreamStatusKey: streamStatusStreaming,
+		"m.new_content": newContent,
+		"m.relates_to":  map[string]string{"rel_type": "m.replace", "event_id": target},
+	})
+}
+
+// streamStatusStreaming is the stream status of a message whose text is
+// still coming.
+const streamStatusStreaming = "streaming"
 
 // dropIfEnded settles e when an enqueue for it was refused because the
 // membership that asked has ended: nothing may answer it now.
@@ -216,4 +277,12 @@ func replyContent(content json.RawMessage, source string, thread *string) (json.
 		}
 	}
 	return json.Marshal(c)
+}
+
+// conversation is what a turn reads its conversation through.
+func (a *principalActor) conversation() journal.ConversationReader {
+	if a.deps.Conversation != nil {
+		return a.deps.Conversation
+	}
+	return a.deps.Store
 }

@@ -1,9 +1,14 @@
 // Command demo shows mindroomd answering a conversation end to end: it
-// starts a local Dendrite in ./.demo, registers an echo agent and a person,
-// runs bin/mindroomd with the echo back-end, has the person write three
+// starts a local Dendrite in ./.demo, registers an agent and a person, runs
+// bin/mindroomd with the agent's back-end, has the person write three
 // messages (one edited afterwards, one in a thread), waits for the answers,
 // and prints the conversation as the agent API serves it, then the
 // journal's status. DEMO_KEEP=1 leaves both servers running.
+//
+// -agent picks the back-end: echo (built in), exec (examples/echo-agent.py,
+// run by python3 once per turn) or openai, streamed, against a stand-in
+// OpenAI-compatible model server the demo runs on loopback, which answers
+// each question with a canned sentence a word at a time.
 package main
 
 import (
@@ -12,6 +17,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -30,6 +36,7 @@ import (
 	"maunium.net/go/mautrix/id"
 
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/modelstub"
 )
 
 const (
@@ -40,13 +47,20 @@ const (
 )
 
 func main() {
-	if err := run(); err != nil {
+	agentType := flag.String("agent", "echo", "the back-end that answers: echo, exec or openai")
+	flag.Parse()
+	if err := run(*agentType); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(agentType string) error {
+	switch agentType {
+	case "echo", "exec", "openai":
+	default:
+		return fmt.Errorf("-agent %q is not one of echo, exec, openai", agentType)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, deadline)
@@ -71,7 +85,10 @@ func run() error {
 	if !keep {
 		defer hs.Stop()
 	}
-	echo, err := hs.RegisterAccount(ctx, "echo", secret())
+	// The agent is named after its back-end: the account, and the agent
+	// API's paths, say which one answered.
+	name := agentType
+	bot, err := hs.RegisterAccount(ctx, name, secret())
 	if err != nil {
 		return err
 	}
@@ -79,14 +96,22 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	step("Registered %s and %s on %s", echo.UserID, alice.UserID, hs.URL)
+	step("Registered %s and %s on %s", bot.UserID, alice.UserID, hs.URL)
 
+	backend, model, err := backendConfig(agentType)
+	if err != nil {
+		return err
+	}
+	if model != nil {
+		defer model.Close()
+		step("Started a stand-in OpenAI-compatible model server at %s", model.URL)
+	}
 	listen, err := freeAddress()
 	if err != nil {
 		return err
 	}
 	apiToken := secret()
-	cfg, err := writeConfig(hs.URL, listen, echo, apiToken)
+	cfg, err := writeConfig(hs.URL, listen, name, bot, apiToken, backend)
 	if err != nil {
 		return err
 	}
@@ -103,17 +128,17 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	created, err := person.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(echo.UserID)}})
+	created, err := person.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(bot.UserID)}})
 	if err != nil {
 		return err
 	}
 	room := created.RoomID
-	if err := awaitJoin(ctx, person, room, id.UserID(echo.UserID)); err != nil {
+	if err := awaitJoin(ctx, person, room, id.UserID(bot.UserID)); err != nil {
 		return err
 	}
 	step("Alice created %s and the agent joined it", room)
 
-	hello, err := person.SendText(ctx, room, "Hello, echo!")
+	hello, err := person.SendText(ctx, room, "Hello, "+name+"!")
 	if err != nil {
 		return err
 	}
@@ -134,19 +159,23 @@ func run() error {
 	}
 	step("Alice wrote three messages, edited the second, and replied in a thread to the first")
 
-	if err := awaitAnswers(ctx, person, room, echo.UserID, 3); err != nil {
+	progress, err := awaitAnswers(ctx, person, room, bot.UserID, 3)
+	if err != nil {
 		return err
 	}
 	step("The agent answered each message once")
+	if model != nil {
+		step("The model was asked %d times; the answers were shown in %d progress edits on their way", len(model.Requests()), progress)
+	}
 
 	fmt.Println()
-	fmt.Println("The room, as GET /v1/agents/echo/rooms/{room}/messages serves it:")
-	if err := printConversation(ctx, listen, apiToken, room.String(), ""); err != nil {
+	fmt.Printf("The room, as GET /v1/agents/%s/rooms/{room}/messages serves it:\n", name)
+	if err := printConversation(ctx, listen, name, apiToken, room.String(), ""); err != nil {
 		return err
 	}
 	fmt.Println()
 	fmt.Println("The thread of the first message (the same route, ?thread=):")
-	if err := printConversation(ctx, listen, apiToken, room.String(), hello.EventID.String()); err != nil {
+	if err := printConversation(ctx, listen, name, apiToken, room.String(), hello.EventID.String()); err != nil {
 		return err
 	}
 	fmt.Println()
@@ -158,6 +187,9 @@ func run() error {
 	}
 	if keep {
 		fmt.Printf("\nDEMO_KEEP=1: Dendrite stays at %s and mindroomd at http://%s (pid %d).\n", hs.URL, listen, daemon.Process.Pid)
+		if model != nil {
+			fmt.Println("The stand-in model server ends with the demo: the agent's next turns fail until a real one listens there.")
+		}
 	}
 	return nil
 }
@@ -181,10 +213,39 @@ func freeAddress() (string, error) {
 	return l.Addr().String(), nil
 }
 
+// backendConfig is the agent's backend section, its keys indented under
+// backend:, and the model server the openai back-end talks to.
+func backendConfig(agentType string) (string, *modelstub.Server, error) {
+	switch agentType {
+	case "exec":
+		script, err := filepath.Abs("examples/echo-agent.py")
+		if err != nil {
+			return "", nil, err
+		}
+		command, err := json.Marshal([]string{"python3", script})
+		if err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("      type: exec\n      command: %s\n      timeout: 30s\n", command), nil, nil
+	case "openai":
+		model, err := modelstub.Start(func(r modelstub.Request) modelstub.Reply {
+			return modelstub.Reply{Delay: 120 * time.Millisecond, Text: fmt.Sprintf(
+				"You asked %q. I am the demo's stand-in for a model, so all I can do is stream this sentence back to you, a word at a time.",
+				r.Question())}
+		})
+		if err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("      type: openai\n      base_url: %s\n      model: demo-stub\n"+
+			"      system_prompt: You are the mindroomd demo agent.\n      stream: true\n", model.URL), model, nil
+	}
+	return "      type: echo\n", nil, nil
+}
+
 // writeConfig writes the daemon's configuration and its secret files.
-func writeConfig(homeserver, listen string, echo dendrite.Account, apiToken string) (string, error) {
-	for name, value := range map[string]string{"echo.password": echo.Password, "echo.api-token": apiToken} {
-		if err := os.WriteFile(filepath.Join(demoDir, name), []byte(value+"\n"), 0o600); err != nil {
+func writeConfig(homeserver, listen, name string, account dendrite.Account, apiToken, backend string) (string, error) {
+	for file, value := range map[string]string{name + ".password": account.Password, name + ".api-token": apiToken} {
+		if err := os.WriteFile(filepath.Join(demoDir, file), []byte(value+"\n"), 0o600); err != nil {
 			return "", err
 		}
 	}
@@ -192,14 +253,13 @@ func writeConfig(homeserver, listen string, echo dendrite.Account, apiToken stri
 storage: ./storage
 listen: %s
 agents:
-  - name: echo
+  - name: %s
     user_id: "%s"
-    password_file: ./echo.password
-    api_token_file: ./echo.api-token
+    password_file: ./%s.password
+    api_token_file: ./%s.api-token
     auto_join: true
     backend:
-      type: echo
-`, homeserver, listen, echo.UserID)
+%s`, homeserver, listen, name, account.UserID, name, name, backend)
 	path := filepath.Join(demoDir, "mindroom.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }
@@ -245,23 +305,36 @@ func awaitJoin(ctx context.Context, c *mautrix.Client, room id.RoomID, user id.U
 	}
 }
 
-// awaitAnswers waits until the agent has sent n messages in room.
-func awaitAnswers(ctx context.Context, c *mautrix.Client, room id.RoomID, agent string, n int) error {
+// awaitAnswers waits until the agent has sent n final answers in room, a
+// placeholder and its progress edits being no answer, and fails if it sent
+// more. It returns how many progress edits (edits marked still streaming)
+// the agent sent on the way.
+func awaitAnswers(ctx context.Context, c *mautrix.Client, room id.RoomID, agent string, n int) (progress int, err error) {
 	for {
 		msgs, err := c.Messages(ctx, room, "", "", mautrix.DirectionBackward, nil, 100)
 		if err == nil {
-			count := 0
+			finals := 0
+			progress = 0
 			for _, ev := range msgs.Chunk {
-				if ev.Sender.String() == agent && ev.Type == event.EventMessage {
-					count++
+				if ev.Sender.String() != agent || ev.Type != event.EventMessage {
+					continue
+				}
+				if marker, _ := ev.Content.Raw["io.mindroomd.delivery"].(map[string]any); marker["stage"] == "final" {
+					finals++
+				}
+				if nc, _ := ev.Content.Raw["m.new_content"].(map[string]any); nc["io.mindroom.stream_status"] == "streaming" {
+					progress++
 				}
 			}
-			if count >= n {
-				return nil
+			switch {
+			case finals > n:
+				return progress, fmt.Errorf("the agent sent %d answers to %d messages", finals, n)
+			case finals == n:
+				return progress, nil
 			}
 		}
 		if err := pause(ctx); err != nil {
-			return fmt.Errorf("waiting for %d answers: %w", n, err)
+			return progress, fmt.Errorf("waiting for %d answers: %w", n, err)
 		}
 	}
 }
@@ -277,12 +350,12 @@ func pause(ctx context.Context) error {
 
 // printConversation reads a conversation (the room, or the thread of root)
 // through the agent API and prints it oldest first, one line a message.
-func printConversation(ctx context.Context, listen, token, room, root string) error {
+func printConversation(ctx context.Context, listen, agent, token, room, root string) error {
 	q := url.Values{"limit": {"50"}}
 	if root != "" {
 		q.Set("thread", root)
 	}
-	u := "http://" + listen + "/v1/agents/echo/rooms/" + url.PathEscape(room) + "/messages?" + q.Encode()
+	u := "http://" + listen + "/v1/agents/" + agent + "/rooms/" + url.PathEscape(room) + "/messages?" + q.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return err
@@ -318,7 +391,7 @@ func printConversation(ctx context.Context, listen, token, room, root string) er
 		}
 		_ = json.Unmarshal(m.Content, &c)
 		who := strings.TrimPrefix(strings.SplitN(m.Sender, ":", 2)[0], "@")
-		fmt.Printf("  %-6s %s\n", who+":", c.Body)
+		fmt.Printf("  %-8s %s\n", who+":", c.Body)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mindroomd/mindroomd/actors"
+	"github.com/mindroomd/mindroomd/actors/hydrator"
 	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/api"
@@ -25,24 +27,22 @@ import (
 	"github.com/mindroomd/mindroomd/store"
 )
 
-// errBackendUnavailable refuses a configured back-end this build cannot run
-// yet.
-var errBackendUnavailable = errors.New("back-end not available in this build")
-
 // leaveTimeout bounds a leave asked through the API: the fence's
 // transaction and one request to the homeserver.
 const leaveTimeout = time.Minute
 
 // daemon is what run started, stopped in the reverse order.
 type daemon struct {
-	log        zerolog.Logger
-	store      *store.Store
-	system     *actor.ActorSystem
-	principals []*actor.PID
-	apiAgents  map[string]api.Agent
-	metrics    *metrics.Metrics
-	server     *http.Server
-	faults     chan error
+	log    zerolog.Logger
+	store  *store.Store
+	system *actor.ActorSystem
+	// actors are each agent's hydrator and principal, in start order;
+	// they stop in reverse.
+	actors    []*actor.PID
+	apiAgents map[string]api.Agent
+	metrics   *metrics.Metrics
+	server    *http.Server
+	faults    chan error
 }
 
 // runDaemon runs the agents cfgPath configures until ctx ends or a fault
@@ -93,8 +93,10 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 
 // backend is the Agent the i-th agent's back-end answers with, logging to
 // log: none for http, where an outside agent takes the work through the
-// agent API.
+// agent API. It opens no connection: a model server may start after the
+// daemon.
 func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error) {
+	field := fmt.Sprintf("agents[%d].backend", i)
 	switch a.Backend.Type {
 	case config.BackendEcho:
 		return agent.Echo{}, nil
@@ -103,9 +105,28 @@ func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error)
 	case config.BackendExec:
 		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout,
 			Context: agent.DefaultExecContext, Log: log}, nil
+	case config.BackendOpenAI:
+		o := a.Backend.OpenAI
+		answer, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey,
+			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log})
+		if oe := (*agent.OptionError)(nil); errors.As(err, &oe) {
+			return nil, &config.Error{Field: field + "." + oe.Option, Err: oe.Err}
+		} else if err != nil {
+			return nil, err
+		}
+		return answer, nil
 	}
-	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
-		Err: fmt.Errorf("%w: %s", errBackendUnavailable, a.Backend.Type)}
+	return nil, &config.Error{Field: field + ".type", Err: fmt.Errorf("%q is not a back-end this build runs", a.Backend.Type)}
+}
+
+// placeholderOf is the placeholder an agent sends before each answer
+// (principal.Deps.Placeholder), when it has one: a streamed answer is shown
+// by editing it.
+func placeholderOf(answer principal.Agent) json.RawMessage {
+	if p, ok := answer.(interface{ Placeholder() json.RawMessage }); ok {
+		return p.Placeholder()
+	}
+	return nil
 }
 
 // startAgent signs one agent in and starts its principal.
@@ -121,15 +142,20 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		return err
 	}
 	onSynced, onDelivery := d.metrics.Agent(a.Name)
+	log := d.log.With().Str("agent", a.Name).Logger()
+	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client,
+		Log: log.With().Str("actor", "hydrator").Logger(), Finished: d.metrics.Hydration(a.Name)}))
+	d.actors = append(d.actors, hyd)
+	conversation := &hydrator.Reader{Store: view, Root: d.system.Root, Hydrator: hyd, Log: log}
 	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
 		OnSynced: onSynced, OnDelivery: onDelivery,
-		Store: view, Transport: client, Agent: answer,
+		Store: view, Conversation: conversation, Transport: client, Agent: answer, Placeholder: placeholderOf(answer),
 		Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client), DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
 	}))
-	d.principals = append(d.principals, pid)
-	d.apiAgents[a.Name] = api.Agent{Store: view, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
+	d.actors = append(d.actors, pid)
+	d.apiAgents[a.Name] = api.Agent{Store: view, Conversation: conversation, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
 		Leave: func(ctx context.Context, room string) error {
 			res, err := d.system.Root.RequestFuture(pid, &principal.Leave{RoomID: room}, leaveTimeout).Result()
 			if err != nil {
@@ -191,9 +217,9 @@ func (d *daemon) stop() error {
 		}
 		cancel()
 	}
-	for i := len(d.principals) - 1; i >= 0; i-- {
-		if err := d.system.Root.StopFuture(d.principals[i]).Wait(); err != nil {
-			d.log.Warn().Err(err).Msg("Stopping a principal failed")
+	for i := len(d.actors) - 1; i >= 0; i-- {
+		if err := d.system.Root.StopFuture(d.actors[i]).Wait(); err != nil {
+			d.log.Warn().Err(err).Msg("Stopping an agent's actor failed")
 		}
 	}
 	if d.store == nil {

@@ -259,6 +259,7 @@ agents:
       type: openai
       base_url: http://127.0.0.1:2/v1
       model: m
+      context_messages: 5000
 `, storage)
 	path := filepath.Join(dir, "mindroom.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -268,7 +269,7 @@ agents:
 	if code := execute(context.Background(), []string{"run", "-config", path}, &bytes.Buffer{}, &stderr); code != exitConfig {
 		t.Fatalf("exit code %d, want %d; stderr: %s", code, exitConfig, stderr.String())
 	}
-	if !strings.Contains(stderr.String(), "agents[0].backend.type") {
+	if !strings.Contains(stderr.String(), "agents[0].backend.context_messages: 5000 is not in 0..1000") {
 		t.Fatalf("the error does not name the field: %s", stderr.String())
 	}
 	if _, err := os.Stat(storage); !os.IsNotExist(err) {

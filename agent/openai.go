@@ -1,0 +1,450 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/actors/principal"
+	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+const (
+	// DefaultOpenAITimeout bounds one turn, the whole answer streamed or
+	// not, when OpenAIOptions.Timeout is zero: long enough for a local model
+	// on a CPU to write a long answer, short enough that a server that
+	// stalls does not hold the agent's work for good.
+	DefaultOpenAITimeout = 5 * time.Minute
+	// MaxOpenAIContext is the most visible messages a request may carry as
+	// history: more than any model's context holds, and few enough that
+	// reading them is one page of the journal. The config refuses more.
+	MaxOpenAIContext = config.MaxContextMessages
+	// ProgressInterval is the least time between two progress edits of a
+	// streamed answer, and between the request and the first: a homeserver
+	// must not be sent an edit per token, and an answer that is done within
+	// a second needs none.
+	ProgressInterval = time.Second
+	// maxAnswerContent is what an answer's content may take, leaving the
+	// rest of journal.MaxContentBytes to the relation and the delivery
+	// marker the reply gains on its way out.
+	maxAnswerContent = journal.MaxContentBytes - 2<<10
+	// maxReasonBytes is how much of the server's own explanation of a
+	// refusal an error keeps.
+	maxReasonBytes = 256
+)
+
+// The stream status words an answer's content carries (see
+// journal.StreamStatusKey). Progress edits are marked by the principal.
+const (
+	// StreamPending marks the placeholder of a streamed answer: nothing
+	// written yet.
+	StreamPending = "pending"
+	// StreamCompleted marks a streamed answer that is finished.
+	StreamCompleted = "completed"
+)
+
+var (
+	// ErrOpenAIIncomplete reports a streamed answer that ended before the
+	// model said it was finished: a cut connection, or a server that gave
+	// up.
+	ErrOpenAIIncomplete = errors.New("the stream ended before the answer was finished")
+	// ErrOpenAIEmpty reports an answer without text.
+	ErrOpenAIEmpty = errors.New("empty answer")
+	// ErrOpenAITimeout reports a turn that ran past its timeout.
+	ErrOpenAITimeout = errors.New("timed out")
+)
+
+// StatusError is a refusal of the chat completions API: its HTTP status
+// and, when it gave one, its reason. The client library's own error is not
+// kept, because it holds the request, and the request the API key.
+type StatusError struct {
+	Status int
+	// Reason is the start of the server's message, with the API key blanked
+	// should the server have echoed it.
+	Reason string
+}
+
+// Error is "status 429" and the reason.
+func (e *StatusError) Error() string {
+	if e.Reason == "" {
+		return fmt.Sprintf("status %d", e.Status)
+	}
+	return fmt.Sprintf("status %d: %s", e.Status, e.Reason)
+}
+
+// OptionError is an option NewOpenAI refuses. Option is its key in the
+// configuration file (context_messages).
+type OptionError struct {
+	Option string
+	Err    error
+}
+
+// Error is "openai agent: option: reason".
+func (e *OptionError) Error() string { return "openai agent: " + e.Option + ": " + e.Err.Error() }
+
+// Unwrap returns the reason.
+func (e *OptionError) Unwrap() error { return e.Err }
+
+// OpenAIOptions configure an OpenAI agent.
+type OpenAIOptions struct {
+	// BaseURL is the API's base, the part before /chat/completions
+	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1 for Ollama).
+	BaseURL string
+	// Model is the model name sent with each request.
+	Model string
+	// APIKey, when set, is sent as a bearer token; local servers need none.
+	// The environment's OPENAI_API_KEY is never read: the key of a daemon
+	// that talks to several servers is the one configured for each.
+	APIKey config.Secret
+	// SystemPrompt, when set, opens every request.
+	SystemPrompt string
+	// ContextMessages is how many of the last visible messages of the
+	// event's conversation (its thread, or its room when it is in none),
+	// up to and including the event, a request carries; zero means
+	// config.DefaultContextMessages, at most MaxOpenAIContext.
+	ContextMessages int
+	// Stream asks for the answer token by token, shown as progress edits
+	// of the turn's placeholder while it is written (see Placeholder).
+	Stream bool
+	// UserID is the agent's own Matrix account: its messages in the
+	// history are the assistant's, everyone else's the user's.
+	UserID string
+	// Timeout bounds one turn; zero means DefaultOpenAITimeout.
+	Timeout time.Duration
+	// Now is the clock progress edits are spaced by; nil means time.Now.
+	Now func() time.Time
+	// Log receives a line per answer.
+	Log zerolog.Logger
+}
+
+// OpenAI answers each text message with a model behind an OpenAI-compatible
+// chat completions API (OpenAI, llama.cpp's server, Ollama, vLLM, ...),
+// given the conversation so far; other events are settled unanswered. Any
+// failure (a refusal such as 429 or 500, a connection or stream cut short,
+// a timeout) is an error, so the event stays pending and is offered again
+// after a backoff. The client never retries by itself: the principal's
+// backoff is the one retry policy.
+//
+// Streamed, the answer is shown as it is written through Turn.Progress, at
+// most once every ProgressInterval; the finished answer is the Reply, which
+// the principal records and delivers once.
+type OpenAI struct {
+	completions openai.ChatCompletionService
+	model       string
+	system      string
+	context     int
+	stream      bool
+	self        string
+	timeout     time.Duration
+	now         func() time.Time
+	log         zerolog.Logger
+	// scrub blanks the API key out of a server's error message. The key
+	// itself lives only in closures, which no formatting verb prints.
+	scrub func(string) string
+}
+
+var _ principal.Agent = (*OpenAI)(nil)
+
+// NewOpenAI returns the agent o describes. It checks o but makes no
+// request: the server may well start after the daemon.
+func NewOpenAI(o OpenAIOptions) (*OpenAI, error) {
+	switch {
+	case o.BaseURL == "":
+		return nil, &OptionError{Option: "base_url", Err: errors.New("required")}
+	case o.Model == "":
+		return nil, &OptionError{Option: "model", Err: errors.New("required")}
+	case o.ContextMessages < 0 || o.ContextMessages > MaxOpenAIContext:
+		return nil, &OptionError{Option: "context_messages", Err: fmt.Errorf("%d is not in 0..%d", o.ContextMessages, MaxOpenAIContext)}
+	}
+	if o.ContextMessages == 0 {
+		o.ContextMessages = config.DefaultContextMessages
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultOpenAITimeout
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	// A client of its own: no overall timeout, which would cut a stream
+	// short (each turn has its deadline instead), and the default
+	// transport's dial and TLS timeouts and proxy settings.
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	opts := []option.RequestOption{option.WithBaseURL(o.BaseURL), option.WithHTTPClient(client), option.WithMaxRetries(0)}
+	scrub := func(s string) string { return s }
+	if key := o.APIKey.Reveal(); key != "" {
+		opts = append(opts, option.WithAPIKey(key))
+		scrub = func(s string) string { return strings.ReplaceAll(s, key, "[redacted]") }
+	}
+	return &OpenAI{completions: openai.NewChatCompletionService(opts...), model: o.Model, system: o.SystemPrompt,
+		context: o.ContextMessages, stream: o.Stream, self: o.UserID, timeout: o.Timeout, now: o.Now, log: o.Log,
+		scrub: scrub}, nil
+}
+
+// Placeholder is the content the principal sends before a streamed answer
+// (principal.Deps.Placeholder), marked pending; nil when the answer is not
+// streamed, which needs none.
+func (o *OpenAI) Placeholder() json.RawMessage {
+	if !o.stream {
+		return nil
+	}
+	content, _ := json.Marshal(map[string]string{"msgtype": "m.text", "body": "Thinking…", journal.StreamStatusKey: StreamPending})
+	return content
+}
+
+// Answer implements principal.Agent.
+func (o *OpenAI) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+	if turn.Event.Kind != journal.KindMessage {
+		return principal.Reply{Ignore: true}, nil
+	}
+	messages, asked, err := o.history(ctx, turn)
+	if err != nil {
+		return principal.Reply{}, fmt.Errorf("openai agent: %w", err)
+	}
+	if !asked {
+		// A message without text (an empty body): nothing to answer.
+		return principal.Reply{Ignore: true}, nil
+	}
+	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	params := openai.ChatCompletionNewParams{Model: o.model, Messages: messages}
+	start := o.now()
+	var (
+		text     string
+		finish   string
+		progress int
+	)
+	if o.stream {
+		text, finish, progress, err = o.streamAnswer(runCtx, params, turn.Progress)
+	} else {
+		text, finish, err = o.answer(runCtx, params)
+	}
+	switch {
+	case err != nil && runCtx.Err() != nil && ctx.Err() == nil:
+		return principal.Reply{}, fmt.Errorf("openai agent: %w after %s", ErrOpenAITimeout, o.timeout)
+	case err != nil && ctx.Err() != nil:
+		return principal.Reply{}, ctx.Err()
+	case err != nil:
+		return principal.Reply{}, fmt.Errorf("openai agent: %w", err)
+	case strings.TrimSpace(text) == "":
+		return principal.Reply{}, fmt.Errorf("openai agent: %w (finish reason %q)", ErrOpenAIEmpty, finish)
+	}
+	content, truncated, err := o.content(text)
+	if err != nil {
+		return principal.Reply{}, fmt.Errorf("openai agent: %w", err)
+	}
+	o.log.Debug().Str("event_id", turn.Event.EventID).Dur("took", o.now().Sub(start)).Int("history", len(messages)).
+		Int("answer_bytes", len(text)).Str("finish_reason", finish).Int("progress_edits", progress).Msg("Model answered")
+	if truncated {
+		o.log.Warn().Str("event_id", turn.Event.EventID).Int("answer_bytes", len(text)).
+			Msg("The model's answer is larger than one message; it was cut short")
+	}
+	return principal.Reply{Content: content}, nil
+}
+
+// answer asks for the whole answer at once.
+func (o *OpenAI) answer(ctx context.Context, params openai.ChatCompletionNewParams) (text, finish string, err error) {
+	res, err := o.completions.New(ctx, params)
+	if err != nil {
+		return "", "", o.refusal(err)
+	}
+	if len(res.Choices) == 0 {
+		return "", "", fmt.Errorf("%w: no choices", ErrOpenAIEmpty)
+	}
+	return res.Choices[0].Message.Content, res.Choices[0].FinishReason, nil
+}
+
+// streamAnswer asks for the answer token by token and shows it through
+// progress, at most once every ProgressInterval. The answer is complete
+// only once the model gave a finish reason: a stream that merely ends (the
+// server's connection closed cleanly mid-answer) is ErrOpenAIIncomplete.
+func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionNewParams,
+	progress func(context.Context, string)) (text, finish string, edits int, err error) {
+	stream := o.completions.NewStreaming(ctx, params)
+	defer stream.Close()
+	var (
+		b      strings.Builder
+		shown  string
+		last   = o.now()
+		chunks int
+	)
+	for stream.Next() {
+		chunks++
+		for _, c := range stream.Current().Choices {
+			if c.Index != 0 {
+				continue
+			}
+			b.WriteString(c.Delta.Content)
+			if c.FinishReason != "" {
+				finish = c.FinishReason
+			}
+		}
+		if progress == nil || finish != "" {
+			continue
+		}
+		if now := o.now(); now.Sub(last) >= ProgressInterval && b.Len() > 0 && b.String() != shown {
+			shown, last = b.String(), now
+			progress(ctx, shown)
+			edits++
+		}
+	}
+	err = stream.Err()
+	var inStream *ssestream.StreamError
+	if errors.As(err, &inStream) {
+		// The server's own words, which may echo anything it was sent.
+		err = errors.New(o.scrub(inStream.Message))
+	}
+	switch {
+	case err != nil && chunks > 0:
+		return "", "", edits, fmt.Errorf("stream cut after %d chunks: %w", chunks, err)
+	case err != nil:
+		return "", "", edits, o.refusal(err)
+	}
+	if finish == "" {
+		return "", "", edits, ErrOpenAIIncomplete
+	}
+	return b.String(), finish, edits, nil
+}
+
+// refusal turns the client's error into one that is safe to log: a status
+// and the server's reason for a refusal, the error as it is otherwise (a
+// connection's, which names the URL but not the key).
+func (o *OpenAI) refusal(err error) error {
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) {
+		return err
+	}
+	reason := strings.Join(strings.Fields(o.scrub(apiErr.Message)), " ")
+	return &StatusError{Status: apiErr.StatusCode, Reason: clip(reason, maxReasonBytes)}
+}
+
+// content is the answer's message content. A streamed answer is marked
+// completed: it ends what its placeholder and progress edits showed in
+// progress. An answer too large for one message is cut short, with an
+// ellipsis, rather than fail: failing would ask the model again, at a
+// cost, for an answer just as long.
+func (o *OpenAI) content(text string) (content json.RawMessage, truncated bool, err error) {
+	c := map[string]string{"msgtype": "m.text", "body": text}
+	if o.stream {
+		c[journal.StreamStatusKey] = StreamCompleted
+	}
+	for {
+		if content, err = json.Marshal(c); err != nil || len(content) <= maxAnswerContent {
+			return content, truncated, err
+		}
+		// The encoded size shrinks at least in proportion: escaping only
+		// makes a byte longer.
+		body := c["body"]
+		c["body"] = clip(body, len(body)*maxAnswerContent/len(content)-len("…")) + "…"
+		truncated = true
+	}
+}
+
+// clip cuts s to at most n bytes, at a character boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:max(n, 0)]
+}
+
+// history is the request's messages: the system prompt, then the last
+// visible messages of the event's conversation up to and including the
+// event, oldest first. The agent's own are the assistant's; messages
+// without text (chatText) are left out. asked is false when the event
+// itself has none.
+func (o *OpenAI) history(ctx context.Context, turn principal.Turn) (_ []openai.ChatCompletionMessageParamUnion, asked bool, _ error) {
+	ts, err := eventTS(turn.Event.Event)
+	if err != nil {
+		return nil, false, err
+	}
+	// Up to the event, not the newest: what was said after it, while the
+	// event waited its turn, is not what it asks about. A cursor is
+	// exclusive, so it stands just past the event's millisecond, before
+	// any event ID ("$!" sorts first of all valid ones).
+	page, err := turn.Conversation.Read(ctx, journal.ReadRequest{RoomID: turn.Event.RoomID, Thread: turn.Thread,
+		Limit: o.context, Before: &journal.Cursor{CreatedTS: ts + 1, EventID: "$!"}})
+	if err != nil {
+		return nil, false, fmt.Errorf("read conversation: %w", err)
+	}
+	out := make([]openai.ChatCompletionMessageParamUnion, 0, len(page.Messages)+2)
+	if o.system != "" {
+		out = append(out, openai.SystemMessage(o.system))
+	}
+	seen := false
+	for _, m := range page.Messages {
+		body := chatText(m.Content)
+		if m.EventID == turn.Event.EventID {
+			seen, asked = true, body != ""
+		}
+		if body == "" {
+			continue
+		}
+		if m.Sender == o.self {
+			out = append(out, openai.AssistantMessage(body))
+		} else {
+			out = append(out, openai.UserMessage(body))
+		}
+	}
+	if !seen {
+		// Not on the page (its visible revision owes a refetch, as a
+		// sidecar's does): the event as it came, its preview, is still the
+		// question, better than none.
+		var ev map[string]json.RawMessage
+		_ = json.Unmarshal(turn.Event.Event, &ev)
+		if body := chatText(ev["content"]); body != "" {
+			out, asked = append(out, openai.UserMessage(body)), true
+		}
+	}
+	return out, asked, nil
+}
+
+// eventTS reads an event's origin_server_ts.
+func eventTS(event json.RawMessage) (int64, error) {
+	var ev map[string]json.RawMessage
+	if err := json.Unmarshal(event, &ev); err != nil {
+		return 0, fmt.Errorf("event: %w", err)
+	}
+	var ts int64
+	if err := json.Unmarshal(ev["origin_server_ts"], &ts); err != nil {
+		return 0, fmt.Errorf("event origin_server_ts: %w", err)
+	}
+	return ts, nil
+}
+
+// chatText is the text a message's content says in words, "" when it
+// says none: a body of only spaces, media (whose body is a file name), or a
+// placeholder or progress still marked in progress.
+func chatText(content json.RawMessage) string {
+	var c map[string]json.RawMessage
+	if json.Unmarshal(content, &c) != nil {
+		return ""
+	}
+	var msgtype, status string
+	_ = json.Unmarshal(c["msgtype"], &msgtype)
+	if _, ok := c[journal.StreamStatusKey]; ok && json.Unmarshal(c[journal.StreamStatusKey], &status) == nil && journal.StreamInProgress(status) {
+		return ""
+	}
+	switch msgtype {
+	case "m.text", "m.notice", "m.emote":
+	default:
+		return ""
+	}
+	if body := textBody(content); strings.TrimSpace(body) != "" {
+		return body
+	}
+	return ""
+}
