@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+)
+
+// A thread written before the agent ever ran is served, edits applied, by
+// a strict read of the daemon's API: the daemon fetches it from the
+// homeserver first. None of it becomes work, and the hydration shows in the
+// metrics.
+func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentRan(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "late", "late-password-77ab")
+	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
+	room := alice.CreateRoom(bot.UserID)
+	root := alice.SendText(room, "an old question")
+	var last string
+	for i := range 5 {
+		last = alice.ThreadReply(room, root, fmt.Sprintf("old reply %d", i))
+	}
+	alice.Edit(room, last, "old reply 4, edited")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	marker := alice.SendText(room, "marker")
+	alice.AwaitEvent(ctx, room, dendrite.WithID(marker))
+
+	dir := t.TempDir()
+	const token = "api-token-of-the-late-agent"
+	for name, v := range map[string]string{"pw": bot.Password, "tok": token} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
+storage: ./storage
+listen: 127.0.0.1:0
+agents:
+  - name: late
+    user_id: "%s"
+    password_file: pw
+    api_token_file: tok
+    auto_join: true
+    backend:
+      type: http
+`, hs.URL, bot.UserID)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := runInProcess(cfg)
+	defer d.stopCleanly(t)
+	base := "http://" + daemonAddress(t, d.log) + "/v1/agents/late"
+	awaitBotJoined(t, ctx, alice, room, bot.UserID)
+
+	var page struct {
+		Messages []struct {
+			Content struct {
+				Body string `json:"body"`
+			} `json:"content"`
+		} `json:"messages"`
+		OwedRefetch []string `json:"owed_refetch"`
+	}
+	url := base + "/rooms/" + room + "/messages?strict=true&limit=50&thread=" + root
+	if code := apiCall(t, "GET", url, token, "", &page); code != http.StatusOK {
+		t.Fatalf("strict thread read: status %d", code)
+	}
+	var got []string
+	for _, m := range page.Messages {
+		got = append(got, m.Content.Body)
+	}
+	want := []string{"an old question", "old reply 0", "old reply 1", "old reply 2", "old reply 3", "old reply 4, edited"}
+	if !slices.Equal(got, want) || len(page.OwedRefetch) != 0 {
+		t.Fatalf("the thread = %q owing %v, want %q", got, page.OwedRefetch, want)
+	}
+	var pending struct {
+		Events []json.RawMessage `json:"events"`
+	}
+	if code := apiCall(t, "GET", base+"/pending", token, "", &pending); code != http.StatusOK || len(pending.Events) != 0 {
+		t.Fatalf("pending after hydration: status %d, %d events; want none", code, len(pending.Events))
+	}
+	metrics := metricsOf(t, d.log)
+	if !strings.Contains(metrics, `mindroomd_hydration_total{agent="late",counted="walks",kind="thread"} 1`) {
+		t.Fatalf("the metrics do not count one thread walk:\n%s", grepLines(metrics, "mindroomd_hydration"))
+	}
+}
+
+// awaitBotJoined waits until alice's sync shows user's join of room.
+func awaitBotJoined(t *testing.T, ctx context.Context, alice *dendrite.User, room, user string) {
+	t.Helper()
+	alice.AwaitEvent(ctx, room, func(raw json.RawMessage) bool {
+		var ev struct {
+			Type     string `json:"type"`
+			StateKey string `json:"state_key"`
+			Content  struct {
+				Membership string `json:"membership"`
+			} `json:"content"`
+		}
+		return json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == user && ev.Content.Membership == "join"
+	})
+}
+
+// grepLines keeps the lines of s that contain substr.
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
