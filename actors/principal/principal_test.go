@@ -648,3 +648,35 @@ func TestAPlaceholderIsSentFirstAndTheAnswerReplacesIt(t *testing.T) {
 		t.Fatalf("the agent's messages = %v, want the placeholder once (then edited)", got)
 	}
 }
+
+// A room the agent is invited to holds what was said before: the timeline
+// of the sync after the join opens with it. None of it is answered; what
+// comes after the invite is, once.
+func TestWhatARoomSaidBeforeTheAgentWasInvitedIsNeverAnswered(t *testing.T) {
+	f := newFixture(t)
+	f.room = f.alice.CreateRoom()
+	for i := range 3 {
+		f.alice.SendText(f.room, fmt.Sprintf("before the join %d", i))
+	}
+	f.alice.Invite(f.room, f.bot.UserID)
+	f.alice.SendText(f.room, "after the invite")
+	f.start()
+	f.awaitJoined()
+	f.alice.SendText(f.room, "after the join")
+	f.awaitReply("after the join")
+	got := f.replies()
+	for i := range 3 {
+		if n := got[fmt.Sprintf("echo: before the join %d", i)]; n != 0 {
+			t.Fatalf("the agent answered history: %v", got)
+		}
+	}
+	if got["echo: after the join"] != 1 || got["echo: after the invite"] != 1 {
+		t.Fatalf("answers = %v, want the messages after the invite answered once each", got)
+	}
+	page, err := f.view.Pending(f.ctx, 100, 0)
+	if err != nil || len(page.Events) != 0 {
+		t.Fatalf("pending = %d events (%v), want none", len(page.Events), err)
+	}
+	// History is still shown.
+	f.screen(func(got []string) bool { return contains(got, "before the join 0", "after the join", "echo: after the join") })
+}

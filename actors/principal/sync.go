@@ -79,8 +79,9 @@ func (a *principalActor) syncLoop(ctx context.Context) error {
 // apply admits one sync response. Membership changes of the principal's
 // own account go to the fence first, so the events after them are
 // admitted under the membership they belong to; the first sync (no token
-// yet) is history and owes nothing; events behind a limited timeline's gap
-// are recovered, and answered like live ones.
+// yet) is history and owes nothing, and so is whatever a room's timeline
+// holds up to the principal's own join in it; events behind a limited
+// timeline's gap are recovered, and answered like live ones.
 func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.SyncBatch) error {
 	prov := journal.Live
 	if since == "" {
@@ -89,18 +90,27 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 	var in []journal.Inbound
 	for _, rooms := range [][]matrix.RoomTimeline{batch.Left, batch.Joined} {
 		for _, r := range rooms {
-			if err := a.observeMembership(ctx, r, prov); err != nil {
+			beganAt, err := a.observeMembership(ctx, r, prov)
+			if err != nil {
 				return err
 			}
-			if r.Limited && prov == journal.Live && r.PrevBatch != "" {
+			// A timeline that holds the beginning of the principal's
+			// membership (its invite, or a join without one) opens with
+			// what the room said before: history, like a first sync's,
+			// and so is any gap behind it.
+			if r.Limited && prov == journal.Live && r.PrevBatch != "" && beganAt < 0 {
 				gap, err := a.fillGap(ctx, r)
 				if err != nil {
 					return fmt.Errorf("fill gap in %s: %w", r.RoomID, err)
 				}
 				in = append(in, gap...)
 			}
-			for _, ev := range r.Events {
-				in = append(in, journal.Inbound{RoomID: r.RoomID, Provenance: prov, Event: ev})
+			for i, ev := range r.Events {
+				p := prov
+				if i <= beganAt {
+					p = journal.History
+				}
+				in = append(in, journal.Inbound{RoomID: r.RoomID, Provenance: p, Event: ev})
 			}
 		}
 	}
@@ -127,10 +137,12 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 // observeMembership applies the principal's own membership events of one
 // timeline, in order: a leave, kick or ban fences, a join ends the
 // departure. Each is keyed by its event ID, so a batch fetched again after
-// a crash applies nothing twice.
-func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTimeline, prov journal.Provenance) error {
+// a crash applies nothing twice. It returns the index of the last own
+// event that began a membership (beginsMembership), -1 when there is none.
+func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTimeline, prov journal.Provenance) (beganAt int, err error) {
 	self := a.deps.Transport.UserID()
-	for _, raw := range r.Events {
+	beganAt = -1
+	for i, raw := range r.Events {
 		// Admission parses every event anyway; only the few that can be a
 		// membership change are parsed here as well (and any that escapes
 		// a character, which could spell the type another way).
@@ -142,13 +154,19 @@ func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTim
 			continue // admission records what is malformed
 		}
 		switch ev.Membership {
-		case "join":
+		case "join", "invite":
+			if beginsMembership(ev, raw) {
+				beganAt = i
+			}
+			if ev.Membership == "invite" {
+				continue
+			}
 			res, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: r.RoomID, ObservationID: ev.ID})
 			if err == nil {
 				err = res.Err
 			}
 			if err != nil {
-				return fmt.Errorf("record join of %s: %w", r.RoomID, err)
+				return -1, fmt.Errorf("record join of %s: %w", r.RoomID, err)
 			}
 		case "leave", "ban":
 			source := journal.DepartureReported
@@ -160,12 +178,49 @@ func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTim
 				err = res.Err
 			}
 			if err != nil {
-				return fmt.Errorf("fence %s: %w", r.RoomID, err)
+				return -1, fmt.Errorf("fence %s: %w", r.RoomID, err)
 			}
 			a.log.Info().Str("room_id", r.RoomID).Stringer("outcome", res.Outcome).Msg("Departure reported by sync")
 		}
 	}
-	return nil
+	return beganAt, nil
+}
+
+// beginsMembership reports whether an own membership event begins a
+// membership: an invite (what the room says from then on is said to the
+// agent), or a join that follows neither an invite nor a join (a join of a
+// public room, or a profile change, which changes nothing).
+func beginsMembership(ev *journal.Event, raw json.RawMessage) bool {
+	switch ev.Membership {
+	case "invite":
+		return true
+	case "join":
+		prev := previousMembership(raw)
+		return prev != "join" && prev != "invite"
+	}
+	return false
+}
+
+// previousMembership reads the membership an event replaced, from its
+// prev_content (under unsigned, or top level in older formats).
+func previousMembership(raw json.RawMessage) string {
+	var ev struct {
+		Unsigned struct {
+			PrevContent struct {
+				Membership string `json:"membership"`
+			} `json:"prev_content"`
+		} `json:"unsigned"`
+		PrevContent struct {
+			Membership string `json:"membership"`
+		} `json:"prev_content"`
+	}
+	if json.Unmarshal(raw, &ev) != nil {
+		return ""
+	}
+	if m := ev.Unsigned.PrevContent.Membership; m != "" {
+		return m
+	}
+	return ev.PrevContent.Membership
 }
 
 // fillGap fetches the events a limited timeline skipped, newest first from
@@ -185,6 +240,12 @@ func (a *principalActor) fillGap(ctx context.Context, r matrix.RoomTimeline) ([]
 				if _, seen, err := a.deps.Store.AdmittedThreadID(ctx, r.RoomID, ev.ID); err != nil {
 					return nil, err
 				} else if seen {
+					return recovered(r.RoomID, gap), nil
+				}
+				// What came before the principal's membership began was not
+				// said to it: nothing it missed.
+				if ev.Kind == journal.KindMembership && ev.StateKey != nil && *ev.StateKey == a.deps.Transport.UserID() &&
+					beginsMembership(ev, raw) {
 					return recovered(r.RoomID, gap), nil
 				}
 			}

@@ -15,15 +15,15 @@ import (
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 )
 
-// A thread written before the agent ever ran is served, edits applied, by
-// a strict read of the daemon's API: the daemon fetches it from the
+// A thread written before the agent was invited is served, edits applied,
+// by a strict read of the daemon's API: the daemon fetches it from the
 // homeserver first. None of it becomes work, and the hydration shows in the
 // metrics.
-func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentRan(t *testing.T) {
+func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentWasInvited(t *testing.T) {
 	hs := dendrite.Start(t)
 	bot := hs.Register(t, "late", "late-password-77ab")
 	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
-	room := alice.CreateRoom(bot.UserID)
+	room := alice.CreateRoom()
 	root := alice.SendText(room, "an old question")
 	var last string
 	for i := range 5 {
@@ -34,6 +34,7 @@ func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentRan(t *testin
 	defer cancel()
 	marker := alice.SendText(room, "marker")
 	alice.AwaitEvent(ctx, room, dendrite.WithID(marker))
+	alice.Invite(room, bot.UserID)
 
 	dir := t.TempDir()
 	const token = "api-token-of-the-late-agent"
