@@ -678,5 +678,7 @@ func TestWhatARoomSaidBeforeTheAgentWasInvitedIsNeverAnswered(t *testing.T) {
 		t.Fatalf("pending = %d events (%v), want none", len(page.Events), err)
 	}
 	// History is still shown.
-	f.screen(func(got []string) bool { return contains(got, "before the join 0", "after the join", "echo: after the join") })
+	f.screen(func(got []string) bool {
+		return contains(got, "before the join 0", "after the join", "echo: after the join")
+	})
 }
