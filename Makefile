@@ -32,7 +32,7 @@ demo: build dendrite
 test: lint dendrite
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(MAKE) bench-smoke
-	$(MAKE) fuzz FUZZTIME=3s
+	$(MAKE) fuzz FUZZTIME=10s
 
 test-short: dendrite
 	$(GO) test -short -count=1 $(PKGS)
@@ -83,3 +83,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEvent$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./journal/
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./journal/
 	$(GO) test -run '^$$' -fuzz '^FuzzAdmitBatch$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./store/
+	$(GO) test -run '^$$' -fuzz '^FuzzConfig$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./config/
+	$(GO) test -run '^$$' -fuzz '^FuzzReply$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzIgnore$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzLeave$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadParams$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreamLastEventID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzExecReply$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./agent/

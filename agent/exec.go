@@ -201,10 +201,15 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (principal.Re
 	return reply, nil
 }
 
+// jsonSpace is the whitespace JSON allows around a value.
+const jsonSpace = " \t\r\n"
+
 // parseReply accepts exactly one JSON object on stdout, holding either a
 // non-empty text "body" or "ignore": true, and nothing else.
 func parseReply(out []byte) (principal.Reply, error) {
-	trimmed := bytes.TrimSpace(out)
+	// JSON's own whitespace only: bytes.TrimSpace would also drop a
+	// vertical tab or a no-break space, taking output that is not JSON.
+	trimmed := bytes.Trim(out, jsonSpace)
 	if len(trimmed) == 0 {
 		return principal.Reply{}, fmt.Errorf("%w: empty stdout", ErrExecReply)
 	}

@@ -34,6 +34,12 @@ func toMessage(m journal.Message) message {
 func (s *server) messages(w http.ResponseWriter, r *http.Request, name string, a Agent) {
 	q := r.URL.Query()
 	room := r.PathValue("room_id")
+	// Checked here, not left to the store: the daemon's reader hydrates a
+	// conversation it has not seen from the homeserver before it reads.
+	if !journal.ValidRoomID(room) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "room_id is not a room ID")
+		return
+	}
 	thread, ok := threadParam(w, q.Get("thread"))
 	if !ok {
 		return

@@ -162,13 +162,17 @@ func decodeReply(w http.ResponseWriter, r *http.Request) (replyRequest, bool) {
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(&req)
-	if err == nil && dec.More() {
-		err = errors.New("trailing data after the JSON object")
-	}
 	if err == nil {
-		// Drain to the end, so an oversized body is refused even when its
-		// JSON object closed early.
-		_, err = io.Copy(io.Discard, body)
+		// Only white space may follow the object. Reading on to the end
+		// also refuses an oversized body whose object closed early.
+		var syntax *json.SyntaxError
+		switch _, terr := dec.Token(); {
+		case errors.Is(terr, io.EOF):
+		case terr == nil, errors.As(terr, &syntax):
+			err = errors.New("trailing data after the JSON object")
+		default:
+			err = terr
+		}
 	}
 	var tooLarge *http.MaxBytesError
 	switch {

@@ -323,11 +323,14 @@ func (c *Config) validate() error {
 	for i := range c.Agents {
 		a := &c.Agents[i]
 		field := fmt.Sprintf("agents[%d]", i)
+		// The user ID is judged on its own, before the name: NewPrincipal
+		// gives the reason of one half only, and the field named must be
+		// the half that reason is about.
+		if !journal.ValidUserID(a.UserID) {
+			return fieldErr(field+".user_id", "%q is not a full Matrix user ID", a.UserID)
+		}
 		if _, err := journal.NewPrincipal(a.Name, a.UserID); err != nil {
-			if journal.ValidUserID(a.UserID) {
-				return &Error{Field: field + ".name", Err: err}
-			}
-			return &Error{Field: field + ".user_id", Err: err}
+			return &Error{Field: field + ".name", Err: err}
 		}
 		if j, dup := seen[a.Name]; dup {
 			return fieldErr(field+".name", "%q is already the name of agents[%d]", a.Name, j)
@@ -408,13 +411,19 @@ func firstOpenAIKey(o OpenAI) string {
 	}
 }
 
+// checkHTTPURL refuses a value that is not an http(s) URL. A URL may carry
+// a password, so the error shows it redacted, and not at all when it does
+// not parse: the parser's own message quotes it whole.
 func checkHTTPURL(s string) error {
 	if s == "" {
 		return errors.New("required")
 	}
 	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http(s) URL", s)
+	if err != nil {
+		return errors.New("not a valid http(s) URL")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL", u.Redacted())
 	}
 	return nil
 }
