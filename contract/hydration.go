@@ -236,4 +236,31 @@ func TestHydration(t *testing.T, f Factory) {
 			t.Fatalf("screen = %v", got)
 		}
 	})
+
+	t.Run("AnEditARefetchInstalledIsTakenDownByItsRedaction", func(t *testing.T) {
+		fx := newFixture(t, f)
+		fx.live(sidecar("$m", alice, 1000, "preview"))
+		d := fx.debt("$m")
+		// The server holds an edit the journal never saw.
+		outcome, err := fx.v.ApplyRefetch(context.Background(), refetched(t, d, sidecar("$m", alice, 1000, "preview"),
+			edit("$e", alice, 2000, "$m", "secret")))
+		same(t, "outcome", []any{outcome, err}, []any{journal.RefetchInstalled, error(nil)})
+		same(t, "screen", fx.roomScreen(), []string{shown("$m", "secret")})
+		fx.live(redaction("$x", bob, 3000, "$e"))
+		same(t, "screen after the redaction", fx.roomScreen(), []string{})
+		same(t, "owed", owed(fx.read(fx.v, room, nil, 10)), []string{"$m"})
+		// The edit arriving late is known already, and changes nothing.
+		same(t, "late edit", outcomes(fx.admit(fx.v, []journal.Inbound{edit("$e", alice, 2000, "$m", "secret").In(room, journal.Live)}, "")),
+			"$e:duplicate")
+		same(t, "screen after the late edit", fx.roomScreen(), []string{})
+	})
+
+	t.Run("AnEditOnScreenIsTakenDownByItsRedactedCopy", func(t *testing.T) {
+		fx := newFixture(t, f)
+		fx.live(msg("$m", alice, 1000, "hi"), edit("$e", alice, 2000, "$m", "secret"))
+		same(t, "screen", fx.roomScreen(), []string{shown("$m", "secret")})
+		fx.mustHistory(redactedCopy("$e", alice, 2000))
+		same(t, "screen after the copy", fx.roomScreen(), []string{})
+		same(t, "owed", owed(fx.read(fx.v, room, nil, 10)), []string{"$m"})
+	})
 }

@@ -118,18 +118,60 @@ func Project(s ProjectionStore, ev *Event, self string, departed bool) error {
 
 // projectRedactedCopy applies an event the server handed over already
 // redacted. The redaction itself may never be seen (a relations walk does
-// not return it), so the copy stands in for it: the tombstone goes first,
-// as a redaction's would, and a row showing the event goes.
+// not return it), so the copy stands in for it, exactly as a redaction of
+// the event would.
 func projectRedactedCopy(s ProjectionStore, ev *Event) error {
-	if err := s.Tombstone(ev.RoomID, ev.ID); err != nil {
+	return redact(s, ev.RoomID, ev.ID)
+}
+
+// redact applies the redaction of target in room: a tombstone first,
+// then whatever showed or held it goes, and it is owed nothing.
+func redact(s ProjectionStore, room, target string) error {
+	// The tombstone comes first, so nothing arriving later can resurrect the
+	// target.
+	if err := s.Tombstone(room, target); err != nil {
 		return fmt.Errorf("tombstone: %w", err)
 	}
-	row, ok, err := s.Visible(ev.RoomID, ev.ID)
-	if err != nil || !ok {
-		return err
+	// Whatever was held against the target goes, whether the target is a
+	// visible original or never arrived.
+	if err := s.DropHeldEdits(room, target); err != nil {
+		return fmt.Errorf("drop held edits: %w", err)
 	}
-	if err := s.DropVisible(row); err != nil {
-		return fmt.Errorf("drop visible: %w", err)
+	row, ok, err := s.Visible(room, target)
+	if err != nil {
+		return fmt.Errorf("visible target: %w", err)
+	}
+	if ok {
+		// Redacting the logical original deletes the message.
+		if err := s.DropVisible(row); err != nil {
+			return fmt.Errorf("drop visible: %w", err)
+		}
+	} else {
+		// A redacted edit: if it is the revision on screen, the body goes now
+		// and the row owes a refetch; a superseded edit changes nothing.
+		logical, isEdit, err := s.EditTarget(room, target)
+		if err != nil {
+			return fmt.Errorf("edit target: %w", err)
+		}
+		if isEdit {
+			row, ok, err := s.Visible(room, logical)
+			if err != nil {
+				return fmt.Errorf("visible original: %w", err)
+			}
+			if ok {
+				if err := s.ClearVisible(row, target); err != nil {
+					return fmt.Errorf("clear visible: %w", err)
+				}
+			}
+		}
+		// A held edit keeps its identity and ordering but loses its body.
+		if err := s.ClearHeldEdit(room, target); err != nil {
+			return fmt.Errorf("clear held edit: %w", err)
+		}
+	}
+	// A redacted source has nothing left to answer.
+	if err := s.Settle(room, target); err != nil {
+		return fmt.Errorf("settle redacted source: %w", err)
 	}
 	return nil
 }
@@ -257,52 +299,8 @@ func projectEdit(s ProjectionStore, ev *Event, self string) error {
 }
 
 func projectRedaction(s ProjectionStore, ev *Event) error {
-	room, target := ev.RoomID, ev.Target
-	// The tombstone comes first, so nothing arriving later can resurrect the
-	// target.
-	if err := s.Tombstone(room, target); err != nil {
-		return fmt.Errorf("tombstone: %w", err)
-	}
-	// Whatever was held against the target goes, whether the target is a
-	// visible original or never arrived.
-	if err := s.DropHeldEdits(room, target); err != nil {
-		return fmt.Errorf("drop held edits: %w", err)
-	}
-	row, ok, err := s.Visible(room, target)
-	if err != nil {
-		return fmt.Errorf("visible target: %w", err)
-	}
-	if ok {
-		// Redacting the logical original deletes the message.
-		if err := s.DropVisible(row); err != nil {
-			return fmt.Errorf("drop visible: %w", err)
-		}
-	} else {
-		// A redacted edit: if it is the revision on screen, the body goes now
-		// and the row owes a refetch; a superseded edit changes nothing.
-		logical, isEdit, err := s.EditTarget(room, target)
-		if err != nil {
-			return fmt.Errorf("edit target: %w", err)
-		}
-		if isEdit {
-			row, ok, err := s.Visible(room, logical)
-			if err != nil {
-				return fmt.Errorf("visible original: %w", err)
-			}
-			if ok {
-				if err := s.ClearVisible(row, target); err != nil {
-					return fmt.Errorf("clear visible: %w", err)
-				}
-			}
-		}
-		// A held edit keeps its identity and ordering but loses its body.
-		if err := s.ClearHeldEdit(room, target); err != nil {
-			return fmt.Errorf("clear held edit: %w", err)
-		}
-	}
-	// A redacted source has nothing left to answer.
-	if err := s.Settle(room, target); err != nil {
-		return fmt.Errorf("settle redacted source: %w", err)
+	if err := redact(s, ev.RoomID, ev.Target); err != nil {
+		return err
 	}
 	// A redaction can be redacted too, before it arrives.
 	return settleIfRedacted(s, ev)

@@ -76,6 +76,9 @@ type RefetchStore interface {
 	Tombstoned(room, eventID string) (bool, error)
 	// Tombstone records that eventID was redacted in room.
 	Tombstone(room, eventID string) error
+	// JournalEdit journals the edit a refetch puts on screen, as history,
+	// unless the journal holds it already.
+	JournalEdit(edit *Event) error
 	// InstallRevision puts rev, showing body, on the row and clears its
 	// debt.
 	InstallRevision(row VisibleRow, rev Revision, body []byte) error
@@ -87,21 +90,21 @@ type RefetchStore interface {
 // person sees, by the projection's own rules: the newest, as (TS, event ID),
 // of the original and its author's edits. A redacted edit, an edit of
 // another message and the agent's own in-progress stream edits are no
-// candidates. It returns the revision, what it shows, and whether that is
-// only a sidecar preview.
-func ChooseRevision(original *Event, edits []*Event, self string) (Revision, []byte, bool) {
-	rev := Revision{TS: original.TS, EventID: original.ID}
-	body, preview := []byte(original.Content), original.Preview
+// candidates. It returns the chosen event (the original or an edit), its
+// revision, what it shows, and whether that is only a sidecar preview.
+func ChooseRevision(original *Event, edits []*Event, self string) (chosen *Event, rev Revision, body []byte, preview bool) {
+	chosen, rev = original, Revision{TS: original.TS, EventID: original.ID}
+	body, preview = original.Content, original.Preview
 	for _, e := range edits {
 		if e.Kind != KindEdit || e.Redacted || e.Target != original.ID || e.Sender != original.Sender ||
 			IsTransportProgress(e, self) {
 			continue
 		}
 		if r := (Revision{TS: e.TS, EventID: e.ID}); r.After(rev) {
-			rev, body, preview = r, e.NewContent, e.Preview
+			chosen, rev, body, preview = e, r, e.NewContent, e.Preview
 		}
 	}
-	return rev, body, preview
+	return chosen, rev, body, preview
 }
 
 // ApplyRefetch installs the server's copy of a message owing a refetch, for
@@ -138,7 +141,7 @@ func ApplyRefetch(s RefetchStore, r Refetched, self string) (RefetchOutcome, err
 		}
 		return RefetchGone, nil
 	}
-	rev, body, preview := ChooseRevision(r.Original, r.Edits, self)
+	chosen, rev, body, preview := ChooseRevision(r.Original, r.Edits, self)
 	dead, err := s.Tombstoned(room, rev.EventID)
 	if err != nil {
 		return 0, fmt.Errorf("tombstone: %w", err)
@@ -148,6 +151,13 @@ func ApplyRefetch(s RefetchStore, r Refetched, self string) (RefetchOutcome, err
 		return 0, fmt.Errorf("%w: revision %s of %s was redacted", ErrRefetchRefused, rev.EventID, id)
 	case preview:
 		return 0, fmt.Errorf("%w: revision %s of %s is a sidecar preview", ErrRefetchRefused, rev.EventID, id)
+	}
+	if chosen != r.Original {
+		// The edit now on screen must be known as an edit of this message,
+		// so that its redaction, arriving later, finds the row it shows on.
+		if err := s.JournalEdit(chosen); err != nil {
+			return 0, fmt.Errorf("journal edit: %w", err)
+		}
 	}
 	if err := s.InstallRevision(row, rev, body); err != nil {
 		return 0, fmt.Errorf("install revision: %w", err)

@@ -27,6 +27,12 @@ func (m *memRefetch) Debt(room, id string) (journal.VisibleRow, int64, bool, err
 	}
 	return row, m.tokens[row.Key], true, nil
 }
+func (m *memRefetch) JournalEdit(e *journal.Event) error {
+	if _, ok := m.journal[e.ID]; !ok {
+		m.journal[e.ID] = e
+	}
+	return nil
+}
 func (m *memRefetch) InstallRevision(row journal.VisibleRow, rev journal.Revision, body []byte) error {
 	r := m.row(row.Key)
 	r.rev, r.body, r.owes = rev, body, false
@@ -195,4 +201,34 @@ func TestAHistoryEditWaitsForAFencedTargetTheWalkBringsBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestNoRedactedBodyStaysOnScreenWhicheverWayItCame(t *testing.T) {
+	t.Run("AnEditARefetchInstalledIsTakenDownByItsRedaction", func(t *testing.T) {
+		m := &memRefetch{memProjection: newMemProjection(), tokens: map[int64]int64{}}
+		m.admit(t, false, sidecarEv("$m", 1000))
+		row, _, _ := m.Visible(parseRoom, "$m")
+		m.tokens[row.Key] = 1
+		// The server holds an edit the journal never saw.
+		r := journal.Refetched{Debt: journal.RefreshDebt{RoomID: parseRoom, EventID: "$m", Token: 1},
+			Original: parsed(t, sidecarEv("$m", 1000)), Edits: []*journal.Event{parsed(t, editEv("$e", alice, 2000, "$m", "secret"))}}
+		if outcome, err := journal.ApplyRefetch(m, r, self); err != nil || outcome != journal.RefetchInstalled {
+			t.Fatalf("ApplyRefetch = %v, %v", outcome, err)
+		}
+		m.admit(t, false, redactEv("$x", bob, 3000, "$e"))
+		if got := m.screen(); !slices.Equal(got, []string{"$m owes"}) {
+			t.Fatalf("screen = %v, want the redacted body gone", got)
+		}
+	})
+	t.Run("AnEditOnScreenIsTakenDownByItsRedactedCopy", func(t *testing.T) {
+		m := newMemProjection()
+		m.admit(t, false, msgEv("$m", alice, 1000, "hi"), editEv("$e", alice, 2000, "$m", "secret"))
+		m.seq++
+		if err := journal.Reproject(m, parsed(t, redactedCopy("$e", alice, 2000)), self); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.screen(); !slices.Equal(got, []string{"$m owes"}) {
+			t.Fatalf("screen = %v, want the redacted body gone", got)
+		}
+	})
 }

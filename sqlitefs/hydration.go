@@ -178,6 +178,16 @@ func (r refetcher) Tombstone(room, eventID string) error {
 	return (&projector{tx: r.tx, p: r.p, seq: seq}).Tombstone(room, eventID)
 }
 
+// JournalEdit implements journal.RefetchStore.
+func (r refetcher) JournalEdit(edit *journal.Event) error {
+	ref, err := roomOf(r.tx, r.p, edit.RoomID)
+	if err != nil {
+		return err
+	}
+	_, _, err = insertEvent(r.tx, r.p, edit, journal.ContextOnly, ref.epoch)
+	return err
+}
+
 // InstallRevision implements journal.RefetchStore.
 func (r refetcher) InstallRevision(row journal.VisibleRow, rev journal.Revision, body []byte) error {
 	_, err := r.tx.exec(installRevision, rev.EventID, rev.TS, nullableBody(body), row.Key)
