@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -54,10 +55,28 @@ type Config struct {
 	HTTPClient *http.Client `json:"-"`
 }
 
-// String describes the config without its secrets.
+// String describes the config without its secrets: a password in the
+// homeserver URL is masked too.
 func (c Config) String() string {
 	return fmt.Sprintf("matrix config for %s as %s on %s (password set: %t, access token set: %t)",
-		c.Agent, c.UserID, c.Homeserver, c.Password != "", c.AccessToken != "")
+		c.Agent, c.UserID, redactedURL(c.Homeserver), c.Password != "", c.AccessToken != "")
+}
+
+// redactedURL shows a URL with its password masked, and nothing of one
+// that does not parse, which may hold a password where none is expected.
+func redactedURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(an unreadable URL)"
+	}
+	return u.Redacted()
+}
+
+// MarshalJSON encodes the config without its secrets.
+func (c Config) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Homeserver, UserID, Agent, StorageDir string
+	}{redactedURL(c.Homeserver), c.UserID, c.Agent, c.StorageDir})
 }
 
 // GoString is String, so %#v cannot print the secrets either.

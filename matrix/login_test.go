@@ -180,15 +180,20 @@ func TestABadPasswordIsAForbiddenLogin(t *testing.T) {
 }
 
 func TestAConfigNeverPrintsItsSecrets(t *testing.T) {
-	cfg := matrix.Config{Homeserver: "http://hs", UserID: "@bot:hs", Agent: "bot",
-		Password: "hunter2-password", AccessToken: "syt_secret_token"}
-	js, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, out := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), string(js)} {
-		if strings.Contains(out, cfg.Password) || strings.Contains(out, cfg.AccessToken) {
-			t.Errorf("%q carries a secret", out)
+	// A homeserver URL may carry a password too, readable or not.
+	for _, hs := range []string{"http://hs", "https://bot:url-secret@hs", "https://bot:url%zzsecret@hs"} {
+		cfg := matrix.Config{Homeserver: hs, UserID: "@bot:hs", Agent: "bot",
+			Password: "hunter2-password", AccessToken: "syt_secret_token"}
+		js, err := json.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, out := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), string(js)} {
+			for _, secret := range []string{cfg.Password, cfg.AccessToken, "url-secret", "url%zzsecret"} {
+				if strings.Contains(out, secret) {
+					t.Errorf("%q carries a secret", out)
+				}
+			}
 		}
 	}
 }

@@ -20,7 +20,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -317,6 +319,23 @@ func Path(storageDir string) string {
 	return path
 }
 
+// keepPrivate gives the storage directories and the journal's files the
+// modes they are created with, should they exist with looser ones (made by
+// hand, restored from a backup, or by an older release): the journal holds
+// every conversation an agent saw.
+func keepPrivate(path string) error {
+	tracking := filepath.Dir(path)
+	for name, mode := range map[string]os.FileMode{
+		filepath.Dir(tracking): 0o700, tracking: 0o700,
+		path: 0o600, path + "-wal": 0o600, path + "-shm": 0o600, path + lockSuffix: 0o600,
+	} {
+		if err := os.Chmod(name, mode); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("make %s private: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // Open opens (creating if needed) the journal under opts.StorageDir for
 // writing, applies pending migrations, and refuses a database written by a
 // newer binary or by another application. It fails with ErrLocked while
@@ -330,6 +349,9 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 	path := Path(opts.StorageDir)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create storage directory: %w", err)
+	}
+	if err := keepPrivate(path); err != nil {
+		return nil, err
 	}
 	// The lock comes before any connection, through either VFS, so a
 	// second writer is refused before it can touch the file.

@@ -473,3 +473,36 @@ func TestASecondWriterIsRefusedWhicheverVFSEitherUses(t *testing.T) {
 		})
 	}
 }
+
+func TestOpeningMakesLooseStorageModesPrivate(t *testing.T) {
+	dir := t.TempDir()
+	path := sqlitefs.Path(dir)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{dir, filepath.Dir(path)} {
+		if err := os.Chmod(name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sqlitefs.Open(context.Background(), sqlitefs.Options{StorageDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for name, want := range map[string]os.FileMode{dir: 0o700, filepath.Dir(path): 0o700, path: 0o600, path + ".lock": 0o600} {
+		fi, err := os.Stat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != want {
+			t.Errorf("%s has mode %o, want %o", name, got, want)
+		}
+	}
+}

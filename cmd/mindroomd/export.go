@@ -264,8 +264,12 @@ func listenURL(listen string) (string, error) {
 // apiURL checks an agent API base URL given on the command line.
 func apiURL(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("-api %q is not an http(s) base URL such as http://127.0.0.1:8787", s)
+	if err != nil {
+		// The parser's message quotes the URL whole, password and all.
+		return nil, errors.New("-api is not an http(s) base URL such as http://127.0.0.1:8787")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("-api %q is not an http(s) base URL such as http://127.0.0.1:8787", u.Redacted())
 	}
 	return u, nil
 }
