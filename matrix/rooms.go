@@ -69,7 +69,8 @@ type RelationsPage struct {
 // Relations reads one page of the events relating to eventID, newest
 // first, asking the server to recurse through the whole relation tree.
 // relType, when set, keeps only relations of that type (m.replace: the
-// edits).
+// edits). Dendrite v0.13 answers a limit above 20 with only the page's
+// oldest 20 events and a next_batch past the rest: ask for at most 20.
 func (c *Client) Relations(ctx context.Context, room, eventID, relType, from string, limit int) (RelationsPage, error) {
 	if limit < 1 {
 		return RelationsPage{}, fmt.Errorf("relations: limit %d is not positive", limit)

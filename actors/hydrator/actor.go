@@ -31,9 +31,14 @@ const (
 	// DefaultCeiling bounds the raw events one walk fetches, edits,
 	// reactions and state included.
 	DefaultCeiling = 2000
-	// DefaultPageSize is the events asked for per request; Dendrite serves
-	// at most 100.
+	// DefaultPageSize is the events asked for per /messages request;
+	// Dendrite serves at most 100.
 	DefaultPageSize = 100
+	// DefaultRelationsPageSize is the events asked for per /relations
+	// request. Dendrite v0.13 answers a larger page with only its oldest
+	// 20 events yet a next_batch past all of them, silently losing the
+	// rest, so a walk never asks for more.
+	DefaultRelationsPageSize = 20
 	// DefaultTimeout bounds one walk or refetch.
 	DefaultTimeout = 2 * time.Minute
 )
@@ -55,8 +60,9 @@ type Store interface {
 type Deps struct {
 	Store     Store
 	Transport Transport
-	// Window, Ceiling, PageSize and Timeout default to the constants above.
-	Window, Ceiling, PageSize int
+	// Window, Ceiling, PageSize, RelationsPageSize and Timeout default to
+	// the constants above.
+	Window, Ceiling, PageSize, RelationsPageSize int
 	Timeout                   time.Duration
 	Now                       func() time.Time
 	Log                       zerolog.Logger
@@ -75,6 +81,9 @@ func (d *Deps) defaults() {
 	}
 	if d.PageSize <= 0 {
 		d.PageSize = DefaultPageSize
+	}
+	if d.RelationsPageSize <= 0 {
+		d.RelationsPageSize = DefaultRelationsPageSize
 	}
 	if d.Timeout <= 0 {
 		d.Timeout = DefaultTimeout

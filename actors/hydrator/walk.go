@@ -13,6 +13,7 @@ import (
 // type and relation. The journal parses the event in full when it installs
 // it.
 type peeked struct {
+	EventID string `json:"event_id"`
 	Type    string `json:"type"`
 	Content struct {
 		RelatesTo *struct {
@@ -150,7 +151,7 @@ func (w *walker) event(ctx context.Context, id string) (json.RawMessage, error) 
 
 func (w *walker) relations(ctx context.Context, id, relType, from string) (matrix.RelationsPage, error) {
 	w.walk.Requests++
-	return w.d.Transport.Relations(ctx, w.room, id, relType, from, w.d.PageSize)
+	return w.d.Transport.Relations(ctx, w.room, id, relType, from, w.d.RelationsPageSize)
 }
 
 // room walks a room backwards from its newest event until the window of
@@ -228,7 +229,7 @@ func (w *walker) threadWalk(ctx context.Context, root string) error {
 			reply := p.threadReplyTo(root)
 			var group []json.RawMessage
 			if reply && !recursed {
-				edits, complete, err := w.descendants(ctx, raw)
+				edits, complete, err := w.descendants(ctx, p.EventID)
 				if err != nil {
 					return err
 				}
@@ -277,16 +278,13 @@ func (w *walker) threadWalk(ctx context.Context, root string) error {
 // descendants walks the relations of one reply of a server that does not
 // recurse. complete is false when they do not fit the ceiling beside the
 // reply itself.
-func (w *walker) descendants(ctx context.Context, raw json.RawMessage) (events []json.RawMessage, complete bool, err error) {
-	var id struct {
-		EventID string `json:"event_id"`
-	}
-	if json.Unmarshal(raw, &id) != nil || id.EventID == "" {
+func (w *walker) descendants(ctx context.Context, id string) (events []json.RawMessage, complete bool, err error) {
+	if id == "" {
 		return nil, true, nil // malformed: admission records it
 	}
 	from := ""
 	for {
-		page, err := w.relations(ctx, id.EventID, "", from)
+		page, err := w.relations(ctx, id, "", from)
 		if err != nil {
 			return nil, false, err
 		}
