@@ -333,30 +333,10 @@ func TestExportThroughTheDaemonAndOfflineAreTheSameConversation(t *testing.T) {
 	bot := hs.Register(t, "keeper", "keeper-password-2b7f")
 	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
 	room := alice.CreateRoom(bot.UserID)
-	dir := t.TempDir()
 	const token = "api-token-of-the-keeper"
-	for name, v := range map[string]string{"pw": bot.Password, "tok": token} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
 	// The http back-end leaves the work to an agent that never comes, so
 	// the conversation is Alice's alone and stays as she wrote it.
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-agents:
-  - name: keeper
-    user_id: "%s"
-    password_file: pw
-    api_token_file: tok
-    auto_join: true
-    backend:
-      type: http
-`, hs.URL, bot.UserID)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeHTTPAgentConfig(t, hs.URL, bot, "keeper", token)
 	d := runInProcess(cfg)
 	defer d.stopCleanly(t)
 	base := "http://" + daemonAddress(t, d.log)

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -36,28 +34,8 @@ func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentWasInvited(t 
 	alice.AwaitEvent(ctx, room, dendrite.WithID(marker))
 	alice.Invite(room, bot.UserID)
 
-	dir := t.TempDir()
 	const token = "api-token-of-the-late-agent"
-	for name, v := range map[string]string{"pw": bot.Password, "tok": token} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-agents:
-  - name: late
-    user_id: "%s"
-    password_file: pw
-    api_token_file: tok
-    auto_join: true
-    backend:
-      type: http
-`, hs.URL, bot.UserID)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeHTTPAgentConfig(t, hs.URL, bot, "late", token)
 	d := runInProcess(cfg)
 	defer d.stopCleanly(t)
 	base := "http://" + daemonAddress(t, d.log) + "/v1/agents/late"

@@ -65,6 +65,36 @@ agents:
 	return path
 }
 
+// writeHTTPAgentConfig writes a configuration of one agent named name with
+// the http back-end (the work is left to an agent outside the process), its
+// password and API token in files beside it, storage in ./storage, and
+// returns its path.
+func writeHTTPAgentConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for file, v := range map[string]string{"pw": bot.Password, "tok": token} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
+storage: ./storage
+listen: 127.0.0.1:0
+agents:
+  - name: %s
+    user_id: "%s"
+    password_file: pw
+    api_token_file: tok
+    auto_join: true
+    backend:
+      type: http
+`, homeserver, name, bot.UserID)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
 	hs := dendrite.Start(t)
 	bot := hs.Register(t, "echo", "echo-password-4c1d")
@@ -332,28 +362,8 @@ func TestAnOutsideAgentAnswersThroughTheDaemonsAPI(t *testing.T) {
 	bot := hs.Register(t, "outside", "outside-password-1f0a")
 	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
 	room := alice.CreateRoom(bot.UserID)
-	dir := t.TempDir()
 	const token = "api-token-for-the-outside-agent"
-	for name, v := range map[string]string{"pw": bot.Password, "tok": token} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-agents:
-  - name: outside
-    user_id: "%s"
-    password_file: pw
-    api_token_file: tok
-    auto_join: true
-    backend:
-      type: http
-`, hs.URL, bot.UserID)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeHTTPAgentConfig(t, hs.URL, bot, "outside", token)
 	d := runInProcess(cfg)
 	defer d.stopCleanly(t)
 	addr := daemonAddress(t, d.log)
