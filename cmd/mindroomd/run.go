@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -63,7 +65,12 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 		}
 	}
 	d := &daemon{log: log, faults: make(chan error, len(cfg.Agents)+2), apiAgents: make(map[string]api.Agent)}
-	defer func() { err = errors.Join(err, d.stop()) }()
+	defer func() {
+		// Close reports the writer's fault again; run already ends with it.
+		if serr := d.stop(); serr != nil && !errors.Is(err, serr) {
+			err = errors.Join(err, serr)
+		}
+	}()
 	d.metrics = metrics.New(func(ctx context.Context) ([]sqlitefs.Backlog, error) { return d.store.DB().Backlogs(ctx) }, nil)
 	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
 		OnCommit: d.metrics.Committed, OnBusy: d.metrics.Busy}); err != nil {
@@ -72,6 +79,11 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	d.system = actors.NewSystem(d.log)
 	for i, a := range cfg.Agents {
 		if err := d.startAgent(ctx, cfg, a, answers[i]); err != nil {
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				// A signal while waiting for the homeserver.
+				d.log.Info().Msg("Shutting down")
+				return nil
+			}
 			return fmt.Errorf("agents[%d] %s: %w", i, a.Name, err)
 		}
 	}
@@ -135,14 +147,14 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	if err != nil {
 		return err
 	}
-	client, err := matrix.Login(ctx, matrix.Config{Homeserver: cfg.Homeserver, UserID: a.UserID,
+	log := d.log.With().Str("agent", a.Name).Logger()
+	client, err := login(ctx, matrix.Config{Homeserver: cfg.Homeserver, UserID: a.UserID,
 		Password: a.Password.Reveal(), AccessToken: a.AccessToken.Reveal(), Agent: a.Name, StorageDir: cfg.Storage,
-		Log: d.log.With().Str("agent", a.Name).Logger()})
+		Log: log}, log)
 	if err != nil {
 		return err
 	}
 	onSynced, onDelivery := d.metrics.Agent(a.Name)
-	log := d.log.With().Str("agent", a.Name).Logger()
 	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client,
 		Log: log.With().Str("actor", "hydrator").Logger(), Finished: d.metrics.Hydration(a.Name)}))
 	d.actors = append(d.actors, hyd)
@@ -164,6 +176,55 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 			return res.(*principal.Left).Err
 		}}
 	return nil
+}
+
+// The backoff of the login at start. The homeserver may start after the
+// daemon (both started at boot), or be restarting; the wait is capped lower
+// than the sync loop's, since nothing runs until the login succeeds.
+const (
+	loginRetryBase = time.Second
+	loginRetryMax  = time.Minute
+)
+
+// login signs an account in, and while the homeserver cannot be reached or
+// answers 5xx or 429, tries again with exponential backoff and jitter (or
+// as long as a 429 asks) until ctx ends. A refusal (a wrong password, a
+// refused token, another user's credentials) ends it at once: trying again
+// cannot mend it.
+func login(ctx context.Context, cfg matrix.Config, log zerolog.Logger) (*matrix.Client, error) {
+	for failures := 1; ; failures++ {
+		client, err := matrix.Login(ctx, cfg)
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return client, err
+		}
+		delay := loginRetryBase << min(failures-1, 16)
+		if delay > loginRetryMax {
+			delay = loginRetryMax
+		}
+		delay = delay/2 + rand.N(delay/2+1)
+		if he := (*matrix.HTTPError)(nil); errors.As(err, &he) && he.RetryAfter > delay {
+			delay = min(he.RetryAfter, loginRetryMax)
+		}
+		log.Warn().Err(err).Int("failures", failures).Dur("retry_in", delay).Msg("Homeserver unavailable at start; retrying the login")
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// transient reports a failed request that may pass by itself: one the
+// homeserver never answered (a refused connection, a timeout), or answered
+// with 5xx or 429.
+func transient(err error) bool {
+	if he := (*matrix.HTTPError)(nil); errors.As(err, &he) {
+		return he.Status >= 500 || he.Status == http.StatusTooManyRequests
+	}
+	var ue *url.Error
+	return errors.As(err, &ue)
 }
 
 // serve starts the agent API and the metrics on listen, and returns the
