@@ -54,6 +54,9 @@ type Transport interface {
 type Store interface {
 	journal.Hydration
 	RoomEpoch(ctx context.Context, roomID string) (epoch int64, departed bool, err error)
+	// SyncToken is where the principal's sync stands: a room walk starts
+	// there, not at the room's newest event.
+	SyncToken(ctx context.Context) (string, error)
 }
 
 // Deps are the actor's collaborators.

@@ -154,13 +154,21 @@ func (w *walker) relations(ctx context.Context, id, relType, from string) (matri
 	return w.d.Transport.Relations(ctx, w.room, id, relType, from, w.d.RelationsPageSize)
 }
 
-// room walks a room backwards from its newest event until the window of
+// roomWalk walks a room backwards from its newest event until the window of
 // logical messages is full, the ceiling of raw events is reached, or the
 // room's beginning. A walk that stops early stops right after a logical
 // message, so everything newer than it (its edits above all) is installed
 // with it and nothing older that targets what the walk never reaches is.
+//
+// It starts where the principal's sync stands (a sync token is a
+// pagination token too): what the sync has yet to bring, it brings as live
+// work. Fetched first as history, such a message would be known already
+// when the sync brought it, and owed nothing.
 func (w *walker) roomWalk(ctx context.Context) error {
-	from := ""
+	from, err := w.d.Store.SyncToken(ctx)
+	if err != nil {
+		return err
+	}
 	for {
 		w.walk.Requests++
 		page, err := w.d.Transport.Messages(ctx, w.room, from, matrix.Backward, w.d.PageSize)

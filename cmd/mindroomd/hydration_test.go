@@ -98,3 +98,74 @@ func grepLines(s, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// pendingIDs lists the agent's pending work through the API.
+func pendingIDs(t *testing.T, base, token string) []string {
+	t.Helper()
+	var page struct {
+		Events []struct {
+			EventID string `json:"event_id"`
+		} `json:"events"`
+	}
+	if code := apiCall(t, "GET", base+"/pending", token, "", &page); code != http.StatusOK {
+		t.Fatalf("pending: status %d", code)
+	}
+	var ids []string
+	for _, e := range page.Events {
+		ids = append(ids, e.EventID)
+	}
+	return ids
+}
+
+// A conversation read while the sync lags behind the room must not take
+// the messages the sync has yet to bring: fetched first as history, they
+// would never be owed an answer.
+func TestAReadWhileTheSyncLagsTakesNoMessageTheSyncOwesAsWork(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "lagging", "lagging-password-9c2e")
+	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
+	room := alice.CreateRoom(bot.UserID)
+	proxy := startFaultProxy(t, hs.URL)
+	const token = "api-token-of-the-lagging-agent"
+	d := runInProcess(writeHTTPAgentConfig(t, proxy.URL, bot, "lagging", token))
+	defer d.stopCleanly(t)
+	base := "http://" + daemonAddress(t, d.log) + "/v1/agents/lagging"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	awaitBotJoined(t, ctx, alice, room, bot.UserID)
+	first := alice.SendText(room, "first, by sync")
+	awaitPendingID(t, base, token, first)
+
+	// The sync fails for a while (the long-poll in flight loses its answer
+	// too); meanwhile a message arrives and the room is read, the read's
+	// hydration fetching from the homeserver.
+	proxy.arm(epSync, fault{status: 502, lost: true})
+	for range 50 {
+		proxy.arm(epSync, fault{status: 503})
+	}
+	second := alice.SendText(room, "second, while the sync lags")
+	alice.AwaitEvent(ctx, room, dendrite.WithID(second))
+	d.awaitLog(t, "Sync failed; retrying from the same token", 1)
+	if code := apiCall(t, "GET", base+"/rooms/"+room+"/messages?limit=10", token, "", nil); code != http.StatusOK {
+		t.Fatalf("messages: status %d", code)
+	}
+	proxy.disarm(epSync)
+	third := alice.SendText(room, "third, by sync")
+	awaitPendingID(t, base, token, third)
+	if got := pendingIDs(t, base, token); !slices.Equal(got, []string{first, second, third}) {
+		t.Fatalf("pending = %v, want all three messages %v", got, []string{first, second, third})
+	}
+}
+
+// awaitPendingID waits until eventID is pending work.
+func awaitPendingID(t *testing.T, base, token, eventID string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !slices.Contains(pendingIDs(t, base, token), eventID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never became pending work", eventID)
+		}
+		var page struct{}
+		apiCall(t, "GET", base+"/pending?wait=5s&after=0", token, "", &page)
+	}
+}
