@@ -66,9 +66,9 @@ type Deps struct {
 	// Window, Ceiling, PageSize, RelationsPageSize and Timeout default to
 	// the constants above.
 	Window, Ceiling, PageSize, RelationsPageSize int
-	Timeout                   time.Duration
-	Now                       func() time.Time
-	Log                       zerolog.Logger
+	Timeout                                      time.Duration
+	Now                                          func() time.Time
+	Log                                          zerolog.Logger
 	// Finished, when set, learns of every finished walk and refetch and
 	// how it ended (metrics count requests, events and chunks here). It
 	// runs on the actor: it must not block.
