@@ -28,6 +28,9 @@ const (
 	DefaultBackoffBase = 500 * time.Millisecond
 	DefaultBackoffMax  = 5 * time.Minute
 	DefaultScanLimit   = 100
+	// DefaultSettleDelay is Deps.SettleDelay's default: a cut-off send
+	// Dendrite accepted shows in the room within about a second.
+	DefaultSettleDelay = 5 * time.Second
 	// sendTimeout bounds one send so a hung connection cannot hold the
 	// principal's deliveries forever.
 	sendTimeout = 60 * time.Second
@@ -68,6 +71,12 @@ type Deps struct {
 	BackoffBase, BackoffMax time.Duration
 	// ScanLimit is the recovery scan's page size.
 	ScanLimit int
+	// SettleDelay is how long after a first search that found nothing an
+	// attempted row is searched for again before it is sent again
+	// (default DefaultSettleDelay): a send cut off by a crash may still be
+	// landing, and a homeserver may store it without keeping its
+	// transaction ID, so an early resend would show the reply twice.
+	SettleDelay time.Duration
 	// Observe, when set, is called at each Point. Crash tests kill the
 	// process there; production leaves it nil.
 	Observe func(Point, journal.Delivery)
@@ -88,8 +97,11 @@ func Props(d Deps) *actor.Props {
 	if d.ScanLimit <= 0 {
 		d.ScanLimit = DefaultScanLimit
 	}
+	if d.SettleDelay <= 0 {
+		d.SettleDelay = DefaultSettleDelay
+	}
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &outboxActor{deps: d, backoff: make(map[key]backoff), mine: make(map[key]bool)}
+		return &outboxActor{deps: d, backoff: make(map[key]backoff), mine: make(map[key]bool), missed: make(map[key]bool)}
 	}, actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
 }
 
@@ -108,7 +120,10 @@ type outboxActor struct {
 	backoff map[key]backoff
 	// mine are the rows this run may send again without searching the room
 	// first: those it claimed itself, or found missing from the room.
-	mine     map[key]bool
+	mine map[key]bool
+	// missed are the rows a first search did not find: the next search,
+	// after SettleDelay, decides.
+	missed   map[key]bool
 	inFlight bool
 	timer    *time.Timer
 	ctx      context.Context
@@ -296,15 +311,25 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 		}
 		delete(a.backoff, k)
 		a.observe(Acknowledged, d)
+	case !a.missed[k]:
+		// Not there yet is not never sent: a send cut off by the crash may
+		// still be landing. Search once more before sending again.
+		a.missed[k] = true
+		log.Info().Dur("search_again_in", a.deps.SettleDelay).Msg("An attempted delivery was not found in the room; searching again before resending")
+		b := a.backoff[k]
+		b.until = a.deps.Now().Add(a.deps.SettleDelay)
+		a.backoff[k] = b
 	case d.DeviceID != "" && d.DeviceID != a.deps.DeviceID:
 		if err := a.deps.Outbox.AdoptDevice(a.ctx, d.DeliveryID, d.Stage, a.deps.DeviceID); err != nil {
 			log.Error().Err(err).Msg("Handing the delivery to this device failed")
 			a.delay(k, 0)
 			return
 		}
+		delete(a.missed, k)
 		a.mine[k] = true
 		a.observe(Adopted, d)
 	default:
+		delete(a.missed, k)
 		a.mine[k] = true
 	}
 }

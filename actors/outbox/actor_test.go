@@ -57,6 +57,10 @@ type fakeHomeserver struct {
 	visible  []visibleMessage
 	attempts map[string]int // txn -> sends that reached the server
 	searches int            // Find calls
+
+	// afterSearch, when set, runs after each Find with the number of
+	// searches so far: a send still landing can land between two.
+	afterSearch func(searches int)
 }
 
 // visibleMessage is one event the fake server made visible.
@@ -100,6 +104,14 @@ func (f *fakeHomeserver) signIn(dev string) {
 // Find implements outbox.Reconciler: the event that carries d's delivery
 // marker, if the server made one visible.
 func (f *fakeHomeserver) Find(_ context.Context, d journal.Delivery) (journal.Sent, bool, error) {
+	sent, found, err := f.find(d)
+	if f.afterSearch != nil {
+		f.afterSearch(f.Searches())
+	}
+	return sent, found, err
+}
+
+func (f *fakeHomeserver) find(d journal.Delivery) (journal.Sent, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.searches++

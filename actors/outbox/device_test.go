@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
@@ -65,10 +66,11 @@ func TestAReplyAttemptedFromAnEarlierDeviceIsSentAgainOnlyWhenTheRoomLacksIt(t *
 	srv := newFakeHomeserver("srv")
 	claimed := sentFromOldDevice(h, v, srv, false)
 
-	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv })
+	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv; d.SettleDelay = 10 * time.Millisecond })
 	c := srv.next(h.ctx, t)
-	if got := srv.Searches(); got != 1 {
-		t.Errorf("searches before the resend = %d, want 1", got)
+	// Not found once, it is looked for once more before it is sent again.
+	if got := srv.Searches(); got != 2 {
+		t.Errorf("searches before the resend = %d, want 2", got)
 	}
 	if got, want := c.Delivery.DeviceID, device; got != want {
 		t.Errorf("resent as the row of device %q, want %q", got, want)
@@ -162,5 +164,37 @@ func TestARowThisRunClaimedIsRetriedWithoutSearchingTheRoom(t *testing.T) {
 	}
 	if got := len(srv.Visible()); got != 1 {
 		t.Errorf("the room shows the reply %d times, want once", got)
+	}
+}
+
+// A send cut off by a crash may still land after the restart's first
+// search: the row is looked for once more before it is sent again, and the
+// late copy is acknowledged instead of a second one sent.
+func TestACutOffSendThatLandsAfterTheFirstSearchIsFoundNotSentAgain(t *testing.T) {
+	h := newHarness(t)
+	v := h.principal("helper", "@bot:example.org")
+	srv := newFakeHomeserver("srv")
+	claimed := sentFromOldDevice(h, v, srv, false)
+	wire, err := journal.WireContent(claimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.afterSearch = func(n int) {
+		if n == 1 {
+			srv.signIn(oldDevice)
+			srv.accept(claimed, wire)
+			srv.signIn(device)
+		}
+	}
+	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv; d.SettleDelay = 10 * time.Millisecond })
+	a.waitFor(outbox.Acknowledged, "reply-1", journal.StageFinal)
+	if got := len(srv.Visible()); got != 1 {
+		t.Errorf("the room shows the reply %d times, want once", got)
+	}
+	if got := srv.Attempts(claimed.TxnID); got != 0 {
+		t.Errorf("sends through the actor = %d, want none", got)
+	}
+	if got := srv.Searches(); got != 2 {
+		t.Errorf("searches = %d, want 2", got)
 	}
 }
