@@ -32,6 +32,7 @@ demo: build dendrite
 test: lint dendrite
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(MAKE) bench-smoke
+	$(MAKE) soak-ci
 	$(MAKE) fuzz FUZZTIME=10s
 
 test-short: dendrite
@@ -45,6 +46,33 @@ bench: dendrite
 # Smoke mode: tiny fixtures, one iteration, so the benchmarks cannot rot.
 bench-smoke: dendrite
 	$(GO) test -short -run '^$$' -bench . -benchtime 1x -timeout 15m ./bench/
+
+# The kill-9 soak (bench/soak): a real Dendrite and bin/mindroomd answering
+# through examples/echo-agent.py; a person posts SOAK_K messages at 20/s
+# while the daemon is SIGKILLed and restarted SOAK_M times, then every
+# message must have exactly one answer and the journal must owe nothing.
+# soak-ci is the size CI runs (about a minute).
+SOAK_K ?= 2000
+SOAK_M ?= 30
+.PHONY: soak soak-ci
+soak: build dendrite
+	$(GO) run ./bench/soak -k $(SOAK_K) -m $(SOAK_M)
+
+soak-ci:
+	$(MAKE) soak SOAK_K=200 SOAK_M=5
+
+# The journal under a chat's sustained load (bench/load): 20 principals ×
+# 10 rooms, 300 events/s for 60 s, with readers, exporters and the outbox
+# draining beside it; no homeserver. It fails on any lock error.
+# LOAD_FLAGS adds flags (`go run ./bench/load -h` lists them); load-smoke
+# runs 5 s.
+LOAD_FLAGS ?=
+.PHONY: load load-smoke
+load:
+	$(GO) run ./bench/load $(LOAD_FLAGS)
+
+load-smoke:
+	$(GO) run ./bench/load -short $(LOAD_FLAGS)
 
 # gofmt also reads the files git does not track yet, so a new file is
 # checked before its first commit rather than after.

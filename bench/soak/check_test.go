@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/mx"
+)
+
+const (
+	testPerson = "@alice:localhost"
+	testBot    = "@soak:localhost"
+	testRoom   = "!room:localhost"
+)
+
+// reply is an answer of the bot's to source, as the daemon sends it: the
+// reply relation (in the thread of root, when there is one) and the
+// delivery marker of the source's reply.
+func reply(id, source, root, body string) mx.Ev {
+	rel := map[string]any{"m.in_reply_to": map[string]any{"event_id": source}}
+	if root != "" {
+		rel["rel_type"], rel["event_id"], rel["is_falling_back"] = "m.thread", root, true
+	}
+	e := mx.Message(id, testBot, 2000, body)
+	c := e["content"].(map[string]any)
+	c["m.relates_to"] = rel
+	c[journal.DeliveryKey] = map[string]any{"delivery_id": journal.ReplyDeliveryID(source), "stage": "final"}
+	return e
+}
+
+func raws(evs ...mx.Ev) []json.RawMessage {
+	out := make([]json.RawMessage, len(evs))
+	for i, e := range evs {
+		out[i] = e.JSON()
+	}
+	return out
+}
+
+func TestTheRoomTallyFindsEveryLostDuplicatedAndMisplacedAnswer(t *testing.T) {
+	msgs := []sent{
+		{ID: "$m1", Body: "soak 1"},
+		{ID: "$m2", Body: "soak 2, in the thread of 1", Root: "$m1"},
+		{ID: "$m3", Body: "soak 3"},
+		{ID: "$m4", Body: "soak 4"},
+		{ID: "$m5", Body: "soak 5", Root: "$m1"},
+		{ID: "$m6", Body: "soak 6"},
+		{ID: "$m7", Body: "never arrived"},
+	}
+	unmarked := reply("$a6", "$m6", "", "echo: soak 6")
+	unmarked["content"].(map[string]any)[journal.DeliveryKey] = map[string]any{"delivery_id": "reply:$m1", "stage": "final"}
+	events := raws(
+		mx.Message("$m1", testPerson, 1000, "soak 1"),
+		mx.ThreadReply("$m2", testPerson, 1001, "$m1", "soak 2, in the thread of 1"),
+		mx.Edit("$e1", testPerson, 1002, "$m1", "soak 1 (edited)"),
+		mx.Message("$m3", testPerson, 1003, "soak 3"),
+		mx.Message("$m4", testPerson, 1004, "soak 4"),
+		mx.ThreadReply("$m5", testPerson, 1005, "$m1", "soak 5"),
+		mx.Message("$m6", testPerson, 1006, "soak 6"),
+		reply("$a1", "$m1", "", "echo: soak 1"),
+		reply("$a2", "$m2", "$m1", "echo: soak 2, in the thread of 1"),
+		reply("$a1b", "$m1", "", "echo: soak 1"),
+		reply("$a1c", "$m1", "", "echo: soak 1"),
+		reply("$a4", "$m4", "", "echo: something else"),
+		reply("$a5", "$m5", "", "echo: soak 5"),
+		unmarked,
+		reply("$ax", "$e1", "", "echo: * soak 1 (edited)"),
+		mx.Edit("$ae", testBot, 2001, "$a1", "echo: again"),
+	)
+	got := tallyRoom(events, testBot, msgs)
+
+	if got.Originals != 6 || !slices.Equal(got.Missing, []string{"$m7"}) {
+		t.Fatalf("originals %d, missing %v; want 6 and [$m7]", got.Originals, got.Missing)
+	}
+	if len(got.Lost) != 1 || got.Lost[0].ID != "$m3" {
+		t.Fatalf("lost %v, want only $m3", got.Lost)
+	}
+	if got.Duplicated != 2 || !slices.Equal(got.DuplicateOf["$m1"], []string{"$a1", "$a1b", "$a1c"}) {
+		t.Fatalf("duplicated %d %v, want 2 beyond $a1", got.Duplicated, got.DuplicateOf)
+	}
+	for name, c := range map[string]struct{ got, want []string }{
+		"stray":       {got.Stray, []string{"$ax"}},
+		"misanswered": {got.Misanswered, []string{"$a4"}},
+		"misplaced":   {got.Misplaced, []string{"$a5"}},
+		"unmarked":    {got.Unmarked, []string{"$a6"}},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s: %v, want %v", name, c.got, c.want)
+		}
+	}
+	if got.AgentEdits != 1 {
+		t.Errorf("agent edits %d, want 1", got.AgentEdits)
+	}
+}
+
+func TestTheRoomTallyPassesOneAnswerPerMessage(t *testing.T) {
+	msgs := []sent{{ID: "$m1", Body: "soak 1"}, {ID: "$m2", Body: "soak 2", Root: "$m1"}}
+	events := raws(
+		mx.Message("$m1", testPerson, 1000, "soak 1"),
+		mx.ThreadReply("$m2", testPerson, 1001, "$m1", "soak 2"),
+		reply("$a2", "$m2", "$m1", "echo: soak 2"),
+		reply("$a1", "$m1", "", "echo: soak 1"),
+	)
+	got := tallyRoom(events, testBot, msgs)
+	if got.Originals != 2 || len(got.Lost)+got.Duplicated+len(got.Stray)+len(got.Unmarked)+len(got.Misanswered)+len(got.Misplaced) != 0 {
+		t.Fatalf("a clean room tallied as %+v", got)
+	}
+}
+
+func TestAnAnswerListedTwiceInTheRoomsRecordIsOneAnswer(t *testing.T) {
+	msgs := []sent{{ID: "$m1", Body: "soak 1"}}
+	answer := reply("$a1", "$m1", "", "echo: soak 1")
+	events := raws(mx.Message("$m1", testPerson, 1000, "soak 1"), answer, mx.Message("$m1", testPerson, 1000, "soak 1"), answer)
+	if got := tallyRoom(events, testBot, msgs); got.Duplicated != 0 || got.Originals != 1 || len(got.Answers) != 1 {
+		t.Fatalf("duplicated %d, originals %d, answers %d; want 0, 1, 1", got.Duplicated, got.Originals, len(got.Answers))
+	}
+}
+
+func TestTheRoomsRecordJoinsTheSyncAndTheWalkByEventID(t *testing.T) {
+	synced := raws(mx.Message("$m1", testPerson, 1000, "one"), mx.Message("$m2", testPerson, 1001, "two"),
+		mx.Message("$m1", testPerson, 1000, "one"))
+	walked := raws(mx.Message("$m2", testPerson, 1001, "two"), mx.Message("$m3", testPerson, 1002, "three"),
+		mx.Message("$m3", testPerson, 1002, "three"))
+	var ids []string
+	for _, raw := range union(synced, walked) {
+		ev, err := parseEvent(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, ev.ID)
+	}
+	if want := []string{"$m1", "$m2", "$m3"}; !slices.Equal(ids, want) {
+		t.Fatalf("record %v, want %v", ids, want)
+	}
+}
+
+// copyRow, moveCopy and insertCopied copy one event's journal row under a
+// new seq, as an admission that failed to recognise the event would have.
+const (
+	copyRow      = `CREATE TEMP TABLE copied AS SELECT * FROM journal_events WHERE event_id = ?`
+	moveCopy     = `UPDATE copied SET seq = seq + 1000000`
+	insertCopied = `INSERT INTO journal_events SELECT * FROM copied`
+)
+
+func TestTheJournalTallyFindsPendingWorkAndEventsAdmittedTwice(t *testing.T) {
+	ctx := context.Background()
+	s, dir := testsupport.MustOpen(t)
+	view, err := s.Principal(ctx, agentName, testBot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := view.AdmitBatch(ctx, mx.Live(testRoom,
+		mx.Message("$m1", testPerson, 1000, "soak 1"),
+		mx.Notice("$n1", testPerson, 1001, "a notice is never work"),
+		mx.Edit("$e1", testPerson, 1002, "$m1", "soak 1 (edited)"),
+	), "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	msgs := []sent{{ID: "$m1"}, {ID: "$n1"}, {ID: "$m2"}}
+
+	got, err := readJournal(ctx, dir, agentName, msgs, []string{"$e1", "$e2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Pending != 1 || got.DuplicateIDs != 0 {
+		t.Fatalf("pending %d, duplicated IDs %d; want 1 and 0", got.Pending, got.DuplicateIDs)
+	}
+	if !slices.Equal(got.NotJournaled, []string{"$m2", "$e2"}) || !slices.Equal(got.NotWork, []string{"$n1"}) {
+		t.Fatalf("not journaled %v, not work %v; want [$m2 $e2] and [$n1]", got.NotJournaled, got.NotWork)
+	}
+
+	db, err := sql.Open("sqlite3", sqlitefs.Path(dir)+"?_busy_timeout=10000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{{copyRow, []any{"$m1"}}, {moveCopy, nil}, {insertCopied, nil}} {
+		if _, err := conn.ExecContext(ctx, q.sql, q.args...); err != nil {
+			t.Fatalf("%s: %v", q.sql, err)
+		}
+	}
+	if got, err = readJournal(ctx, dir, agentName, msgs, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got.DuplicateIDs != 1 || got.DuplicateRows != 1 || got.Pending != 2 {
+		t.Fatalf("duplicated IDs %d, rows %d, pending %d; want 1, 1, 2", got.DuplicateIDs, got.DuplicateRows, got.Pending)
+	}
+}

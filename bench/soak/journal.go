@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+
+	// The plain driver: the soak reads the file as any SQLite reader
+	// would, beside none of the store's code.
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/sqlitefs"
+)
+
+// The journal queries. States are the journal's: an event is pending while
+// state = 0; an outbox row is queued (0), attempted (1), acknowledged (2),
+// failed (3) or retired (4); a turn record is delivered at state 2.
+const (
+	// selectDuplicateEvents counts the event IDs one principal holds more
+	// than one row for, and the rows beyond the first.
+	selectDuplicateEvents = `SELECT count(*), coalesce(sum(n - 1), 0) FROM
+		(SELECT count(*) AS n FROM journal_events GROUP BY principal, event_id HAVING count(*) > 1)`
+	selectPending        = `SELECT count(*) FROM journal_events WHERE state = 0`
+	selectUnacknowledged = `SELECT count(*) FROM delivery_outbox WHERE state IN (0, 1)`
+	selectFailed         = `SELECT count(*) FROM delivery_outbox WHERE state = 3`
+	selectOpenTurns      = `SELECT count(*) FROM turn_records WHERE state <> 2`
+	// selectAgentEvents is every row of the agent's principals.
+	selectAgentEvents = `SELECT j.event_id, j.class FROM journal_events j
+		JOIN principals p ON p.id = j.principal WHERE p.agent = ?`
+	// selectReplyDelivery is the acknowledged event of one reply's final.
+	selectReplyDelivery = `SELECT o.event_id FROM delivery_outbox o
+		JOIN principals p ON p.id = o.principal WHERE p.agent = ? AND o.delivery_id = ? AND o.stage = ? AND o.state = 2`
+)
+
+// journalTally is what the journal holds after the daemon stopped.
+type journalTally struct {
+	// DuplicateIDs counts event IDs with more than one row;
+	// DuplicateRows the rows beyond the first.
+	DuplicateIDs, DuplicateRows int64
+	// Pending counts actionable events never settled.
+	Pending int64
+	// Unacknowledged counts replies queued or attempted, never
+	// acknowledged; Failed those given up on.
+	Unacknowledged, Failed int64
+	// OpenTurns counts turn records not delivered.
+	OpenTurns int64
+	// NotJournaled are room events the journal has no row of.
+	NotJournaled []string
+	// NotWork are the person's messages admitted as context only, so never
+	// offered to the agent.
+	NotWork []string
+	// OutboxMismatch are answers the outbox does not record as the
+	// acknowledged final of their source's reply.
+	OutboxMismatch []string
+}
+
+// readJournal opens the journal under storage read-only (mode=ro, no
+// lock, no migration) and tallies it: the whole file for duplicates and
+// what is still owed; the agent's principal for each of the person's
+// messages (msgs), the other room events it should hold (others) and the
+// answers.
+func readJournal(ctx context.Context, storage, agent string, msgs []sent, others []string, answers []answer) (journalTally, error) {
+	var t journalTally
+	db, err := openJournal(storage)
+	if err != nil {
+		return t, err
+	}
+	defer db.Close()
+	if err := db.QueryRowContext(ctx, selectDuplicateEvents).Scan(&t.DuplicateIDs, &t.DuplicateRows); err != nil {
+		return t, fmt.Errorf("count duplicate events: %w", err)
+	}
+	for q, dst := range map[string]*int64{selectPending: &t.Pending, selectUnacknowledged: &t.Unacknowledged,
+		selectFailed: &t.Failed, selectOpenTurns: &t.OpenTurns} {
+		if err := db.QueryRowContext(ctx, q).Scan(dst); err != nil {
+			return t, fmt.Errorf("count what is owed: %w", err)
+		}
+	}
+	class, err := agentEvents(ctx, db, agent)
+	if err != nil {
+		return t, err
+	}
+	isMsg := map[string]bool{}
+	for _, m := range msgs {
+		isMsg[m.ID] = true
+		switch c, ok := class[m.ID]; {
+		case !ok:
+			t.NotJournaled = append(t.NotJournaled, m.ID)
+		case c != int64(journal.Actionable):
+			t.NotWork = append(t.NotWork, m.ID)
+		}
+	}
+	for _, id := range others {
+		if _, ok := class[id]; !ok && !isMsg[id] {
+			t.NotJournaled = append(t.NotJournaled, id)
+		}
+	}
+	for _, a := range answers {
+		var acked string
+		err := db.QueryRowContext(ctx, selectReplyDelivery, agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return t, fmt.Errorf("read the delivery of %s: %w", a.ID, err)
+		}
+		if acked != a.ID {
+			t.OutboxMismatch = append(t.OutboxMismatch, a.ID)
+		}
+	}
+	return t, nil
+}
+
+// openJournal opens the journal under storage for reading only: mode=ro
+// and query_only, so nothing this process does can change the file, and a
+// wait of up to 5 s for a writer's lock.
+func openJournal(storage string) (*sql.DB, error) {
+	path, err := filepath.Abs(sqlitefs.Path(storage))
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{"mode": {"ro"}, "_query_only": {"true"}, "_busy_timeout": {"5000"}}
+	db, err := sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}).String())
+	if err != nil {
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	return db, nil
+}
+
+// readAgentEvents is agentEvents of the journal under storage, read beside
+// a running daemon.
+func readAgentEvents(ctx context.Context, storage, agent string) (map[string]int64, error) {
+	db, err := openJournal(storage)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	return agentEvents(ctx, db, agent)
+}
+
+// agentEvents is the class of each event the agent's principals hold.
+func agentEvents(ctx context.Context, db *sql.DB, agent string) (map[string]int64, error) {
+	rows, err := db.QueryContext(ctx, selectAgentEvents, agent)
+	if err != nil {
+		return nil, fmt.Errorf("read the agent's events: %w", err)
+	}
+	defer rows.Close()
+	class := map[string]int64{}
+	for rows.Next() {
+		var id string
+		var c int64
+		if err := rows.Scan(&id, &c); err != nil {
+			return nil, fmt.Errorf("read the agent's events: %w", err)
+		}
+		class[id] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the agent's events: %w", err)
+	}
+	return class, nil
+}

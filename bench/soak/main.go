@@ -1,0 +1,166 @@
+// Command soak is the kill-9 soak: it starts a real Dendrite and
+// bin/mindroomd with an echo agent, has a person post K messages at a
+// steady rate (some in threads, some edited afterwards) while the daemon is
+// SIGKILLed at M random moments and restarted on the same configuration and
+// storage each time, waits until every message is answered, stops the
+// daemon in order, and then checks what the homeserver and the journal
+// hold:
+//
+//   - on the homeserver, read back by the person through /messages: every
+//     message the person wrote has exactly one answer from the agent,
+//     matched to its source by the reply relation and the delivery marker,
+//     with the source's text, in the source's thread;
+//   - in the journal, opened read-only after the stop: every event has one
+//     row, each message was admitted as work, and nothing is pending, queued
+//     or unacknowledged.
+//
+// It prints a table (K, M, lost, duplicated, the time to drain after the
+// last kill, the wall time) and the checks behind it, and exits 1 if any
+// check failed, 2 if the soak could not run. The working directory (the
+// servers' logs, the journal) is kept when the soak fails, or with -keep.
+//
+// Run it from the module's root after `make build dendrite`; `make soak`
+// does that.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitError  = 2
+)
+
+// options are the soak's flags.
+type options struct {
+	k, m         int
+	rate         float64
+	agent        string
+	agentDelay   time.Duration
+	threadShare  float64
+	editShare    float64
+	drainTimeout time.Duration
+	dir          string
+	keep         bool
+	seed         uint64
+	bin          string
+	script       string
+	python       string
+}
+
+func main() {
+	os.Exit(soakMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func soakMain(args []string, stdout, stderr io.Writer) int {
+	opts, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "soak:", err)
+		return exitError
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, opts, stdout)
+	if err != nil {
+		fmt.Fprintln(stderr, "soak:", err)
+		if res.Dir != "" {
+			fmt.Fprintln(stderr, "soak: logs kept in", res.Dir)
+		}
+		return exitError
+	}
+	printResult(stdout, opts, res)
+	if !res.passed() {
+		return exitFailed
+	}
+	if !opts.keep {
+		if err := os.RemoveAll(res.Dir); err != nil {
+			fmt.Fprintln(stderr, "soak:", err)
+		}
+	}
+	return exitOK
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.k, "k", 2000, "messages the person posts")
+	fs.IntVar(&o.m, "m", 30, "SIGKILLs of the daemon, at random moments over the posting period and a quarter after")
+	fs.Float64Var(&o.rate, "rate", 20, "messages posted per second")
+	fs.StringVar(&o.agent, "agent", "exec", "the back-end that answers: exec (examples/echo-agent.py behind a random pause) or echo (built in)")
+	fs.DurationVar(&o.agentDelay, "agent-delay", 200*time.Millisecond, "the exec agent pauses a random time up to this before it answers")
+	fs.Float64Var(&o.threadShare, "threads", 0.2, "share of the messages posted as thread replies to earlier ones")
+	fs.Float64Var(&o.editShare, "edits", 0.1, "share of the messages an edit of a recent message follows")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long to wait for every answer once posting and killing are over (0: 60s + 250ms per message)")
+	fs.StringVar(&o.dir, "dir", "", "working directory, new or empty (default: a new temporary directory)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the working directory when the soak passes")
+	fs.Uint64Var(&o.seed, "seed", 0, "seed of the message mix and the kill moments (0: random)")
+	fs.StringVar(&o.bin, "bin", "bin/mindroomd", "the daemon binary (make build)")
+	fs.StringVar(&o.script, "script", "examples/echo-agent.py", "the exec agent's script")
+	fs.StringVar(&o.python, "python", "python3", "the Python interpreter the exec agent runs under")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case o.k < 1:
+		return o, errors.New("-k must be at least 1")
+	case o.m < 0:
+		return o, errors.New("-m must not be negative")
+	case o.rate <= 0:
+		return o, errors.New("-rate must be positive")
+	case o.agent != "exec" && o.agent != "echo":
+		return o, fmt.Errorf("-agent %q is not exec or echo", o.agent)
+	case o.agentDelay < 0:
+		return o, errors.New("-agent-delay must not be negative")
+	case o.threadShare < 0 || o.threadShare > 1 || o.editShare < 0 || o.editShare > 1:
+		return o, errors.New("-threads and -edits are shares between 0 and 1")
+	}
+	if o.drainTimeout <= 0 {
+		o.drainTimeout = time.Minute + time.Duration(o.k)*250*time.Millisecond
+	}
+	if o.seed == 0 {
+		o.seed = rand.Uint64()
+	}
+	return o, nil
+}
+
+// postingTime is how long posting K messages at the rate takes.
+func (o options) postingTime() time.Duration {
+	return time.Duration(float64(o.k) / o.rate * float64(time.Second))
+}
+
+// killWindow is the span the kills are drawn from, counted from the first
+// post: the posting period and a quarter more (at least 2 s), so some kills
+// land while the backlog drains.
+func (o options) killWindow() time.Duration {
+	p := o.postingTime()
+	return p + max(p/4, 2*time.Second)
+}
+
+// killMoments draws m kill moments over the kill window, in order.
+func killMoments(rng *rand.Rand, m int, window time.Duration) []time.Duration {
+	out := make([]time.Duration, m)
+	for i := range out {
+		out[i] = time.Duration(rng.Int64N(int64(window)))
+	}
+	slices.Sort(out)
+	return out
+}

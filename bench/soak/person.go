@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"maunium.net/go/mautrix"
+	"maunium.net/go/mautrix/event"
+	"maunium.net/go/mautrix/id"
+)
+
+const (
+	// requestTimeout bounds one request of the person's.
+	requestTimeout = 30 * time.Second
+	// sendAttempts is how often one send is tried; every attempt carries
+	// the same transaction ID, so the homeserver keeps one event.
+	sendAttempts = 5
+	// syncPoll is the long-poll timeout of the person's sync.
+	syncPoll = 5 * time.Second
+	// syncFilter asks for up to 100 timeline events per sync and nothing
+	// the soak does not read.
+	syncFilter = `{"room":{"timeline":{"limit":100},"state":{"lazy_load_members":true},` +
+		`"ephemeral":{"not_types":["*"]},"account_data":{"not_types":["*"]}},` +
+		`"presence":{"not_types":["*"]},"account_data":{"not_types":["*"]}}`
+	// recentWindow is how far back a thread root or an edit's target is
+	// drawn from.
+	recentWindow = 50
+	// endType is the event the person sends once the daemon has stopped:
+	// seen in the person's sync, it says the homeserver holds everything
+	// sent before it.
+	endType = "io.mindroomd.soak.end"
+)
+
+// person is the soak's human, writing and reading through its own client.
+type person struct {
+	cli  *mautrix.Client
+	room id.RoomID
+	txns int
+}
+
+// send sends one event, retried under one transaction ID.
+func (p *person) send(ctx context.Context, evType event.Type, content any) (string, error) {
+	p.txns++
+	txn := "soak-" + strconv.Itoa(p.txns)
+	var err error
+	for attempt := 1; attempt <= sendAttempts; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		var resp *mautrix.RespSendEvent
+		resp, err = p.cli.SendMessageEvent(rctx, p.room, evType, content, mautrix.ReqSendEvent{TransactionID: txn})
+		cancel()
+		if err == nil {
+			return resp.EventID.String(), nil
+		}
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+	}
+	return "", fmt.Errorf("send %s: %w", txn, err)
+}
+
+// history is every event of the room the person may see, oldest first: a
+// walk of /messages backwards from the newest (Dendrite refuses a forward
+// walk without a from token).
+func (p *person) history(ctx context.Context) ([]json.RawMessage, error) {
+	var all []json.RawMessage
+	from := ""
+	for {
+		query := map[string]string{"dir": "b", "limit": "100"}
+		if from != "" {
+			query["from"] = from
+		}
+		var page struct {
+			Chunk []json.RawMessage `json:"chunk"`
+			End   string            `json:"end"`
+		}
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		u := p.cli.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "rooms", p.room.String(), "messages"}, query)
+		_, err := p.cli.MakeRequest(rctx, http.MethodGet, u, nil, &page)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("read the room's messages: %w", err)
+		}
+		all = append(all, page.Chunk...)
+		if len(page.Chunk) == 0 || page.End == "" || page.End == from {
+			break
+		}
+		from = page.End
+	}
+	slices.Reverse(all)
+	return all, nil
+}
+
+// union is the events of a, then those of b, each event ID once.
+func union(a, b []json.RawMessage) []json.RawMessage {
+	var out []json.RawMessage
+	have := map[string]bool{}
+	for _, raw := range slices.Concat(a, b) {
+		if ev, err := parseEvent(raw); err == nil && !have[ev.ID] {
+			have[ev.ID] = true
+			out = append(out, raw)
+		}
+	}
+	return out
+}
+
+// sent is one message the person wrote.
+type sent struct {
+	ID    string
+	Index int
+	Body  string
+	// Root is the thread the message was written in, "" for the room.
+	Root string
+}
+
+// postResult is what the person wrote.
+type postResult struct {
+	Messages []sent
+	Edits    int
+	Threaded int
+	Took     time.Duration
+}
+
+// post writes k messages at rate, the i-th at i/rate after the first. A
+// share of them go into the thread of a recent top-level message, and after
+// a share of them an edit of a recent message follows. A send that falls
+// behind the schedule goes at once.
+func post(ctx context.Context, p *person, o options, rng *rand.Rand, onSent func(sent)) (postResult, error) {
+	var res postResult
+	interval := time.Duration(float64(time.Second) / o.rate)
+	began := time.Now()
+	var roots []int // indexes of top-level messages
+	for i := range o.k {
+		if wait := time.Until(began.Add(time.Duration(i) * interval)); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return res, ctx.Err()
+			case <-time.After(wait):
+			}
+		}
+		m := sent{Index: i, Body: fmt.Sprintf("soak %d", i)}
+		content := map[string]any{"msgtype": "m.text", "body": m.Body}
+		if len(roots) > 0 && rng.Float64() < o.threadShare {
+			root := res.Messages[roots[max(0, len(roots)-recentWindow)+rng.IntN(min(len(roots), recentWindow))]]
+			m.Root = root.ID
+			m.Body = fmt.Sprintf("soak %d, in the thread of %d", i, root.Index)
+			content = map[string]any{"msgtype": "m.text", "body": m.Body,
+				"m.relates_to": map[string]any{"rel_type": "m.thread", "event_id": root.ID, "is_falling_back": true,
+					"m.in_reply_to": map[string]any{"event_id": root.ID}}}
+		}
+		var err error
+		if m.ID, err = p.send(ctx, event.EventMessage, content); err != nil {
+			return res, err
+		}
+		if m.Root == "" {
+			roots = append(roots, i)
+		} else {
+			res.Threaded++
+		}
+		res.Messages = append(res.Messages, m)
+		onSent(m)
+		if rng.Float64() < o.editShare {
+			if err := editRecent(ctx, p, rng, res.Messages); err != nil {
+				return res, err
+			}
+			res.Edits++
+		}
+	}
+	res.Took = time.Since(began)
+	return res, nil
+}
+
+// editRecent edits one of the last messages, at random, which may be the
+// one just sent or one already answered.
+func editRecent(ctx context.Context, p *person, rng *rand.Rand, msgs []sent) error {
+	n := min(len(msgs), recentWindow)
+	target := msgs[len(msgs)-n+rng.IntN(n)]
+	body := target.Body + " (edited)"
+	_, err := p.send(ctx, event.EventMessage, map[string]any{
+		"msgtype": "m.text", "body": "* " + body,
+		"m.new_content": map[string]any{"msgtype": "m.text", "body": body},
+		"m.relates_to":  map[string]any{"rel_type": "m.replace", "event_id": target.ID},
+	})
+	return err
+}
+
+// observer follows the room through the person's own sync and notes when
+// each message's first answer from the agent appears, so the soak knows
+// when the daemon has drained without reading the journal.
+type observer struct {
+	p   *person
+	bot string
+
+	mu   sync.Mutex
+	seen map[string]bool
+	// events are the room's events in the order the person first saw
+	// them.
+	events  []json.RawMessage
+	answers map[string]time.Time
+	gaps    int
+}
+
+func newObserver(p *person, bot string) *observer {
+	return &observer{p: p, bot: bot, seen: map[string]bool{}, answers: map[string]time.Time{}}
+}
+
+// run syncs from since until ctx ends. A limited timeline (more events
+// than the filter lets through) is filled by a walk of the whole room.
+func (o *observer) run(ctx context.Context, since string) {
+	for ctx.Err() == nil {
+		limited, next, err := o.syncOnce(ctx, since)
+		if err == nil && limited {
+			o.mu.Lock()
+			o.gaps++
+			o.mu.Unlock()
+			var all []json.RawMessage
+			if all, err = o.p.history(ctx); err == nil {
+				o.take(all, time.Now())
+			}
+		}
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
+		since = next
+	}
+}
+
+func (o *observer) syncOnce(ctx context.Context, since string) (limited bool, next string, err error) {
+	query := map[string]string{"filter": syncFilter, "timeout": strconv.Itoa(int(syncPoll.Milliseconds()))}
+	if since != "" {
+		query["since"] = since
+	}
+	var resp struct {
+		NextBatch string `json:"next_batch"`
+		Rooms     struct {
+			Join map[string]struct {
+				Timeline struct {
+					Events  []json.RawMessage `json:"events"`
+					Limited bool              `json:"limited"`
+				} `json:"timeline"`
+			} `json:"join"`
+		} `json:"rooms"`
+	}
+	rctx, cancel := context.WithTimeout(ctx, syncPoll+requestTimeout)
+	defer cancel()
+	u := o.p.cli.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "sync"}, query)
+	if _, err := o.p.cli.MakeRequest(rctx, http.MethodGet, u, nil, &resp); err != nil {
+		return false, "", err
+	}
+	joined, ok := resp.Rooms.Join[o.p.room.String()]
+	if ok {
+		o.take(joined.Timeline.Events, time.Now())
+	}
+	// The first sync's timeline is the newest events only: the earlier
+	// ones are the room's creation, before any message.
+	return ok && joined.Timeline.Limited && since != "", resp.NextBatch, nil
+}
+
+// take notes the events, seen at at.
+func (o *observer) take(events []json.RawMessage, at time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, raw := range events {
+		ev, err := parseEvent(raw)
+		if err != nil || o.seen[ev.ID] {
+			continue
+		}
+		o.seen[ev.ID] = true
+		o.events = append(o.events, raw)
+		if r, ok := ev.answer(o.bot); ok && r.Source != "" {
+			if _, done := o.answers[r.Source]; !done {
+				o.answers[r.Source] = at
+			}
+		}
+	}
+}
+
+// record is every event of the room the person has seen.
+func (o *observer) record() []json.RawMessage {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.events)
+}
+
+// saw reports whether the person's sync has shown eventID.
+func (o *observer) saw(eventID string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.seen[eventID]
+}
+
+// progress reports how many of ids have an answer, and when the last of
+// those first answers was seen.
+func (o *observer) progress(ids []string) (answered int, last time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, id := range ids {
+		if at, ok := o.answers[id]; ok {
+			answered++
+			if at.After(last) {
+				last = at
+			}
+		}
+	}
+	return answered, last
+}
