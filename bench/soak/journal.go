@@ -73,9 +73,13 @@ func readJournal(ctx context.Context, storage, agent string, msgs []sent, others
 	if err := db.QueryRowContext(ctx, selectDuplicateEvents).Scan(&t.DuplicateIDs, &t.DuplicateRows); err != nil {
 		return t, fmt.Errorf("count duplicate events: %w", err)
 	}
-	for q, dst := range map[string]*int64{selectPending: &t.Pending, selectUnacknowledged: &t.Unacknowledged,
-		selectFailed: &t.Failed, selectOpenTurns: &t.OpenTurns} {
-		if err := db.QueryRowContext(ctx, q).Scan(dst); err != nil {
+	for _, err := range []error{
+		db.QueryRowContext(ctx, selectPending).Scan(&t.Pending),
+		db.QueryRowContext(ctx, selectUnacknowledged).Scan(&t.Unacknowledged),
+		db.QueryRowContext(ctx, selectFailed).Scan(&t.Failed),
+		db.QueryRowContext(ctx, selectOpenTurns).Scan(&t.OpenTurns),
+	} {
+		if err != nil {
 			return t, fmt.Errorf("count what is owed: %w", err)
 		}
 	}
