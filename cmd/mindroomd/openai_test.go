@@ -205,6 +205,11 @@ func TestRunStreamsAnOpenAIAnswerAndRetriesARefusedOrCutTurnUntilItIsAnsweredOnc
 	const token = "api-token-of-the-model-agent"
 	d := runInProcess(writeOpenAIConfig(t, hs.URL, bot, model.URL, token))
 	defer d.stopCleanly(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the daemon's log:\n%s", d.log)
+		}
+	})
 
 	questions := []string{"streamed?", "rate limited?", "server error?", "cut short?"}
 	ids := map[string]string{}
