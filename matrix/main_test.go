@@ -21,30 +21,7 @@ import (
 // users of its own, so none sees another's rooms.
 var hs *dendrite.Server
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "matrix-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	hs, err = dendrite.Launch(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start dendrite:", err)
-		return 1
-	}
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "dendrite log, last lines:\n%s\n", hs.LogTail(60))
-	}
-	if err := hs.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop dendrite:", err)
-		return 1
-	}
-	return code
-}
+func TestMain(m *testing.M) { os.Exit(dendrite.RunTests(m, func(s *dendrite.Server) { hs = s })) }
 
 var users atomic.Int64
 

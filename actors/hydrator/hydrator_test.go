@@ -26,29 +26,7 @@ import (
 // hs is the package's homeserver; each test registers its own users.
 var hs *dendrite.Server
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "hydrator-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if hs, err = dendrite.Launch(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "start dendrite:", err)
-		return 1
-	}
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "dendrite log, last lines:\n%s\n", hs.LogTail(60))
-	}
-	if err := hs.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop dendrite:", err)
-		return 1
-	}
-	return code
-}
+func TestMain(m *testing.M) { os.Exit(dendrite.RunTests(m, func(s *dendrite.Server) { hs = s })) }
 
 const testDeadline = 90 * time.Second
 

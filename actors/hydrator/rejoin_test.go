@@ -14,6 +14,7 @@ import (
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 )
 
 // agentMessages counts the agent's messages in the room, by body, as the
@@ -56,27 +57,6 @@ func (f *fixture) awaitBody(sender, body string) string {
 	return id.EventID
 }
 
-// awaitMembership waits until alice's sync shows the agent's n-th join.
-func (f *fixture) awaitJoin(n int) {
-	f.t.Helper()
-	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
-	defer cancel()
-	joins := 0
-	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
-		var ev struct {
-			Type     string `json:"type"`
-			StateKey string `json:"state_key"`
-			Content  struct {
-				Membership string `json:"membership"`
-			} `json:"content"`
-		}
-		if json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == f.bot.UserID && ev.Content.Membership == "join" {
-			joins++
-		}
-		return joins == n
-	})
-}
-
 func TestARejoinedRoomServesItsHydratedHistoryAndAnswersOnlyWhatCameAfter(t *testing.T) {
 	f := newFixture(t, hydrator.Deps{})
 	pid := f.system.Root.Spawn(principal.Props(principal.Deps{
@@ -101,7 +81,9 @@ func TestARejoinedRoomServesItsHydratedHistoryAndAnswersOnlyWhatCameAfter(t *tes
 	away := f.alice.SendText(f.room, "while the agent was away")
 	f.settled(away)
 	f.alice.Invite(f.room, f.bot.UserID)
-	f.awaitJoin(2)
+	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
+	defer cancel()
+	f.alice.AwaitEvent(ctx, f.room, dendrite.Joined(f.bot.UserID, 2))
 
 	page, err := f.reader.Read(f.ctx, journal.ReadRequest{RoomID: f.room, Limit: 50, Strict: true})
 	if err != nil {

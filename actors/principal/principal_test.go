@@ -32,22 +32,7 @@ const testDeadline = 60 * time.Second
 // test with accounts and rooms of its own.
 var hs *dendrite.Server
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "principal-dendrite-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	hs, err = dendrite.Launch(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start dendrite:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = hs.Stop()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(dendrite.RunTests(m, func(s *dendrite.Server) { hs = s })) }
 
 var accounts atomic.Int64
 
@@ -230,17 +215,7 @@ func (f *fixture) awaitJoined() {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
 	defer cancel()
-	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
-		var ev struct {
-			Type     string `json:"type"`
-			StateKey string `json:"state_key"`
-			Content  struct {
-				Membership string `json:"membership"`
-			} `json:"content"`
-		}
-		return json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == f.bot.UserID &&
-			ev.Content.Membership == "join"
-	})
+	f.alice.AwaitEvent(ctx, f.room, dendrite.Joined(f.bot.UserID, 1))
 }
 
 // screen waits until the conversation page satisfies want, re-reading
@@ -419,20 +394,7 @@ func (f *fixture) awaitJoinedAgain() {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
 	defer cancel()
-	joins := 0
-	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
-		var ev struct {
-			Type     string `json:"type"`
-			StateKey string `json:"state_key"`
-			Content  struct {
-				Membership string `json:"membership"`
-			} `json:"content"`
-		}
-		if json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == f.bot.UserID && ev.Content.Membership == "join" {
-			joins++
-		}
-		return joins == 2
-	})
+	f.alice.AwaitEvent(ctx, f.room, dendrite.Joined(f.bot.UserID, 2))
 }
 
 // testLog writes the principal's log into the test's output when

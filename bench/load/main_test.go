@@ -64,7 +64,7 @@ func TestAQuietRunPassesAndAnswersEveryActionableEvent(t *testing.T) {
 
 func TestAWriteLockHeldOutsideTheStoreFailsTheRun(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits out the writer's 10 s busy timeout")
+		t.Skip("SKIPPED under -short: this test waits out the writer's 10 s busy timeout; run it without -short (make test does)")
 	}
 	cfg := smallConfig(t)
 	var (

@@ -25,28 +25,8 @@ func TestRunKeepsAFailedExecTurnPendingAndAnswersOnceTheAgentRecovers(t *testing
 	// The agent fails until the test creates healed, then answers: a shell
 	// script, so the test needs no interpreter beyond /bin/sh.
 	healed := filepath.Join(dir, "healed")
-	command, err := json.Marshal([]string{"/bin/sh", "-c",
-		`cat >/dev/null; if [ -e "$1" ]; then printf '{"body": "from the script"}'; else echo "model unreachable" >&2; exit 3; fi`,
-		"agent", healed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-agents:
-  - name: script
-    user_id: "%s"
-    password_file: pw
-    auto_join: true
-    backend:
-      type: exec
-      command: %s
-      timeout: 20s
-`, hs.URL, bot.UserID, command)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeExecScriptConfig(t, dir, hs.URL, bot,
+		`cat >/dev/null; if [ -e "$1" ]; then printf '{"body": "from the script"}'; else echo "model unreachable" >&2; exit 3; fi`, healed)
 	d := runInProcess(cfg)
 	defer d.stopCleanly(t)
 	log := d.log
@@ -88,4 +68,32 @@ func failedTurnLogged(log, eventID string) bool {
 		}
 	}
 	return false
+}
+
+// writeExecScriptConfig writes, into dir beside the agent's password file
+// pw, a configuration of one exec agent named script that runs the shell
+// script with arg as $1, and returns its path.
+func writeExecScriptConfig(t *testing.T, dir, homeserver string, bot dendrite.Account, script, arg string) string {
+	t.Helper()
+	command, err := json.Marshal([]string{"/bin/sh", "-c", script, "agent", arg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
+storage: ./storage
+listen: 127.0.0.1:0
+agents:
+  - name: script
+    user_id: "%s"
+    password_file: pw
+    auto_join: true
+    backend:
+      type: exec
+      command: %s
+      timeout: 20s
+`, homeserver, bot.UserID, command)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

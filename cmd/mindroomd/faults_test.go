@@ -358,7 +358,7 @@ func TestBurstsOf5xxAnd429FromTheHomeserverLoseNoMessageAndRepeatNoAnswer(t *tes
 	// What the room says before the agent's join is history, never work.
 	joinCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	awaitBotJoined(t, joinCtx, alice, room, bot.UserID)
+	alice.AwaitEvent(joinCtx, room, dendrite.Joined(bot.UserID, 1))
 	texts := []string{"before the storm"}
 	alice.SendText(room, texts[0])
 	awaitEchoes(t, alice, room, bot.UserID, texts[0])
@@ -443,33 +443,13 @@ func TestACorruptPendingRowIsReportedAndSkippedAndTheBacklogGoesOn(t *testing.T)
 	if err := os.WriteFile(held, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	command, err := json.Marshal([]string{"/bin/sh", "-c",
-		`cat >/dev/null; if [ -e "$1" ]; then echo held >&2; exit 3; fi; printf '{"body": "answered"}'`,
-		"agent", held})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-agents:
-  - name: script
-    user_id: "%s"
-    password_file: pw
-    auto_join: true
-    backend:
-      type: exec
-      command: %s
-      timeout: 20s
-`, hs.URL, bot.UserID, command)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeExecScriptConfig(t, dir, hs.URL, bot,
+		`cat >/dev/null; if [ -e "$1" ]; then echo held >&2; exit 3; fi; printf '{"body": "answered"}'`, held)
 
 	d := runInProcess(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	awaitBotJoined(t, ctx, alice, room, bot.UserID)
+	alice.AwaitEvent(ctx, room, dendrite.Joined(bot.UserID, 1))
 	// The first turn reads the room, which fetches its history from the
 	// homeserver: the messages under test come by sync alone after it.
 	warmUp := alice.SendText(room, "warm-up")

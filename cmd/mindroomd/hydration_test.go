@@ -39,7 +39,7 @@ func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentWasInvited(t 
 	d := runInProcess(cfg)
 	defer d.stopCleanly(t)
 	base := "http://" + daemonAddress(t, d.log) + "/v1/agents/late"
-	awaitBotJoined(t, ctx, alice, room, bot.UserID)
+	alice.AwaitEvent(ctx, room, dendrite.Joined(bot.UserID, 1))
 
 	var page struct {
 		Messages []struct {
@@ -71,21 +71,6 @@ func TestAStrictReadThroughTheAPIServesAThreadWrittenBeforeTheAgentWasInvited(t 
 	if !strings.Contains(metrics, `mindroomd_hydration_total{agent="late",counted="walks",kind="thread"} 1`) {
 		t.Fatalf("the metrics do not count one thread walk:\n%s", grepLines(metrics, "mindroomd_hydration"))
 	}
-}
-
-// awaitBotJoined waits until alice's sync shows user's join of room.
-func awaitBotJoined(t *testing.T, ctx context.Context, alice *dendrite.User, room, user string) {
-	t.Helper()
-	alice.AwaitEvent(ctx, room, func(raw json.RawMessage) bool {
-		var ev struct {
-			Type     string `json:"type"`
-			StateKey string `json:"state_key"`
-			Content  struct {
-				Membership string `json:"membership"`
-			} `json:"content"`
-		}
-		return json.Unmarshal(raw, &ev) == nil && ev.Type == "m.room.member" && ev.StateKey == user && ev.Content.Membership == "join"
-	})
 }
 
 // grepLines keeps the lines of s that contain substr.
@@ -132,7 +117,7 @@ func TestAReadWhileTheSyncLagsTakesNoMessageTheSyncOwesAsWork(t *testing.T) {
 	base := "http://" + daemonAddress(t, d.log) + "/v1/agents/lagging"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	awaitBotJoined(t, ctx, alice, room, bot.UserID)
+	alice.AwaitEvent(ctx, room, dendrite.Joined(bot.UserID, 1))
 	first := alice.SendText(room, "first, by sync")
 	awaitPendingID(t, base, token, first)
 
