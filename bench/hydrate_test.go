@@ -228,17 +228,16 @@ func (c *countedTransport) Event(ctx context.Context, room, id string) (json.Raw
 
 // bareThreadWalk is the floor of a thread's walk: the requests a client
 // needs to hold the newest window replies with their edits from a server
-// that does not recurse, and nothing else. It fetches the root, the root's
-// relations newest first, all of each reply's own relations, and, when the
-// window ends the walk before the thread's beginning, the root's edits it
-// has not seen. It keeps nothing and returns the events fetched.
+// that does not recurse, and nothing else. It fetches the root, the
+// thread's replies newest first, all of each reply's own relations, and
+// the root's edits. It keeps nothing and returns the events fetched.
 func bareThreadWalk(ctx context.Context, c *countedTransport, room, root string, window int) (int, error) {
 	if _, err := c.Event(ctx, room, root); err != nil {
 		return 0, err
 	}
 	events, replies, from := 1, 0, ""
 	for {
-		page, err := c.Relations(ctx, room, root, "", from, relationsPage)
+		page, err := c.Relations(ctx, room, root, "m.thread", from, relationsPage)
 		if err != nil {
 			return events, err
 		}
@@ -264,12 +263,12 @@ func bareThreadWalk(ctx context.Context, c *countedTransport, room, root string,
 			}
 			events += n
 			if replies++; replies == window {
-				n, err := bareRelations(ctx, c, room, root, "m.replace")
-				return events + n, err
+				break
 			}
 		}
-		if page.NextBatch == "" || len(page.Chunk) == 0 {
-			return events, nil
+		if replies == window || page.NextBatch == "" || len(page.Chunk) == 0 {
+			n, err := bareRelations(ctx, c, room, root, "m.replace")
+			return events + n, err
 		}
 		from = page.NextBatch
 	}

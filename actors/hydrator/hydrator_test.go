@@ -241,10 +241,10 @@ func TestAColdThreadIsReadWithItsEditsAndConcurrentReadersShareOneWalk(t *testin
 	if got := f.tr.n.Load(); got != int64(walked[0].Requests) {
 		t.Fatalf("%d requests made, the one walk counts %d", got, walked[0].Requests)
 	}
-	// The root, the pages of its relations (the replies and the root's
-	// edit), and each reply's own relations: Dendrite does not recurse.
-	relationPages := (replies + 1 + hydrator.DefaultRelationsPageSize - 1) / hydrator.DefaultRelationsPageSize
-	if got, want := walked[0].Requests, 1+relationPages+replies; got != want {
+	// The root, the pages of its replies, each reply's own relations
+	// (Dendrite does not recurse), and the root's edits.
+	replyPages := (replies + hydrator.DefaultRelationsPageSize - 1) / hydrator.DefaultRelationsPageSize
+	if got, want := walked[0].Requests, 1+replyPages+replies+1; got != want {
 		t.Errorf("the walk made %d requests, want %d", got, want)
 	}
 	if n := f.pending(); n != 0 {

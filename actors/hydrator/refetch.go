@@ -28,24 +28,18 @@ func (d *Deps) refetch(ctx context.Context, room, eventID string) (journal.Refet
 		return 0, wk.walk, fmt.Errorf("refetch %s: %w", eventID, err)
 	}
 	r := journal.Refetched{Debt: debt, Original: original}
-	from := ""
-	for {
-		page, err := wk.relations(ctx, eventID, "m.replace", from)
-		if err != nil {
-			return 0, wk.walk, fmt.Errorf("refetch %s: %w", eventID, err)
+	// The newest edits, as many as the ceiling allows.
+	edits, _, err := wk.collect(ctx, eventID, "m.replace", nil, d.Ceiling)
+	if err != nil {
+		return 0, wk.walk, fmt.Errorf("refetch %s: %w", eventID, err)
+	}
+	wk.walk.Events += len(edits)
+	for _, raw := range edits {
+		// An edit that does not parse is no candidate; the rules choose
+		// among the rest.
+		if e, err := journal.ParseEvent(journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw}, d.Now()); err == nil {
+			r.Edits = append(r.Edits, e)
 		}
-		wk.walk.Events += len(page.Chunk)
-		for _, raw := range page.Chunk {
-			// An edit that does not parse is no candidate; the rules choose
-			// among the rest.
-			if e, err := journal.ParseEvent(journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw}, d.Now()); err == nil {
-				r.Edits = append(r.Edits, e)
-			}
-		}
-		if page.NextBatch == "" || len(page.Chunk) == 0 || !wk.fits(0) {
-			break
-		}
-		from = page.NextBatch
 	}
 	outcome, err := d.Store.ApplyRefetch(ctx, r)
 	wk.walk.Took = d.Now().Sub(start)

@@ -209,12 +209,18 @@ func (w *walker) roomWalk(ctx context.Context) error {
 	}
 }
 
-// threadWalk walks a thread: its root, then its relations backwards. A
-// server that recursed (recursion_depth present) returned the whole tree;
-// one that did not (Dendrite) returned the root's direct children only, so
-// each reply's own relations (its edits) are walked here, under the same
-// window and ceiling. A walk that stops early stops right after a logical
-// message with everything newer than it.
+// threadWalk walks a thread: its root, then its replies backwards, each
+// with its own relations, then the root's edits.
+//
+// The walk asks for the replies by type: a server that does not recurse
+// need not order an unfiltered walk across relation types. Dendrite
+// collates each type's rows of a page separately and trims the one past
+// the page from whichever type came last, so an unfiltered page can drop
+// an event (the root's newest edit, say) and point next_batch past others.
+// A server that answers with recursion_depth recurses and orders its pages
+// as /messages does; the walk then starts again without a filter and takes
+// the whole tree page by page. A walk that stops early stops right after a
+// logical message with everything newer than it.
 func (w *walker) threadWalk(ctx context.Context, root string) error {
 	raw, err := w.event(ctx, root)
 	if err != nil {
@@ -224,28 +230,51 @@ func (w *walker) threadWalk(ctx context.Context, root string) error {
 	if err := w.emit(ctx, []json.RawMessage{raw}); err != nil {
 		return err
 	}
-	from := ""
-	for {
-		page, err := w.relations(ctx, root, "", from)
-		if err != nil {
+	page, err := w.relations(ctx, root, "m.thread", "")
+	if err != nil {
+		return err
+	}
+	recursed := page.RecursionDepth != nil
+	if recursed {
+		if page, err = w.relations(ctx, root, "", ""); err != nil {
 			return err
 		}
-		recursed := page.RecursionDepth != nil
+	}
+	stopped, err := w.replies(ctx, root, page, recursed)
+	if err != nil {
+		return err
+	}
+	if recursed && !stopped {
+		return nil // the tree held the root's edits
+	}
+	// The root's edits lie outside a walk of its replies, or beyond where
+	// the walk stopped; the root must not stay at a stale revision.
+	return w.edits(ctx, root)
+}
+
+// replies walks the pages of root's relations from the first one, and
+// reports whether the walk stopped early at the window or the ceiling.
+func (w *walker) replies(ctx context.Context, root string, page matrix.RelationsPage, recursed bool) (stopped bool, err error) {
+	relType := "m.thread"
+	if recursed {
+		relType = ""
+	}
+	for {
 		chunk, boundary, stop := make([]json.RawMessage, 0, len(page.Chunk)), 0, false
 		for _, raw := range page.Chunk {
 			p := peek(raw)
 			reply := p.threadReplyTo(root)
 			var group []json.RawMessage
 			if reply && !recursed {
-				edits, complete, err := w.descendants(ctx, p.EventID)
+				related, complete, err := w.descendants(ctx, p.EventID)
 				if err != nil {
-					return err
+					return false, err
 				}
 				if !complete {
 					stop = true
 					break
 				}
-				group = edits
+				group = related
 			}
 			if !w.fits(1 + len(group)) {
 				stop = true
@@ -268,64 +297,76 @@ func (w *walker) threadWalk(ctx context.Context, root string) error {
 			boundary = len(chunk)
 		}
 		if err := w.emit(ctx, chunk[:boundary]); err != nil {
-			return err
-		}
-		if !stop && (page.NextBatch == "" || len(page.Chunk) == 0) {
-			w.walk.Complete = true
-			return nil
+			return false, err
 		}
 		if stop {
-			// The root's own edits may lie beyond where the walk stopped;
-			// the root must not stay at a stale revision.
-			return w.edits(ctx, root)
+			return true, nil
 		}
-		from = page.NextBatch
+		if page.NextBatch == "" || len(page.Chunk) == 0 {
+			w.walk.Complete = true
+			return false, nil
+		}
+		if page, err = w.relations(ctx, root, relType, page.NextBatch); err != nil {
+			return false, err
+		}
 	}
 }
 
-// descendants walks the relations of one reply of a server that does not
-// recurse. complete is false when they do not fit the ceiling beside the
-// reply itself.
+// replyRelations are the relation types of a reply the journal projects.
+var replyRelations = [...]string{"m.replace", "m.annotation"}
+
+// descendants fetches the relations of one reply of a server that does
+// not recurse. complete is false when they do not fit the ceiling beside
+// the reply itself.
 func (w *walker) descendants(ctx context.Context, id string) (events []json.RawMessage, complete bool, err error) {
 	if id == "" {
 		return nil, true, nil // malformed: admission records it
 	}
+	budget := w.d.Ceiling - w.walk.Events - 1
+	page, err := w.relations(ctx, id, "", "")
+	if err != nil {
+		return nil, false, err
+	}
+	if page.NextBatch == "" {
+		return page.Chunk, len(page.Chunk) <= budget, nil
+	}
+	// More than a page, which an unfiltered walk of such a server may
+	// not keep in order: each type on its own.
+	for _, relType := range replyRelations {
+		if events, complete, err = w.collect(ctx, id, relType, events, budget); err != nil || !complete {
+			return nil, false, err
+		}
+	}
+	return events, true, nil
+}
+
+// edits fetches the edits of one event, newest first, and installs as
+// many as fit the ceiling.
+func (w *walker) edits(ctx context.Context, id string) error {
+	events, _, err := w.collect(ctx, id, "m.replace", nil, w.d.Ceiling-w.walk.Events)
+	if err != nil {
+		return err
+	}
+	w.walk.Events += len(events)
+	return w.emit(ctx, events)
+}
+
+// collect appends id's relations of relType to events, page by page, up to
+// budget events in all; complete is false when the budget cut them short,
+// and then events holds the budget's worth.
+func (w *walker) collect(ctx context.Context, id, relType string, events []json.RawMessage, budget int) (_ []json.RawMessage, complete bool, err error) {
 	from := ""
 	for {
-		page, err := w.relations(ctx, id, "", from)
+		page, err := w.relations(ctx, id, relType, from)
 		if err != nil {
 			return nil, false, err
 		}
-		events = append(events, page.Chunk...)
-		if !w.fits(1 + len(events)) {
-			return nil, false, nil
+		if len(events)+len(page.Chunk) > budget {
+			return append(events, page.Chunk[:max(0, budget-len(events))]...), false, nil
 		}
+		events = append(events, page.Chunk...)
 		if page.NextBatch == "" || len(page.Chunk) == 0 {
 			return events, true, nil
-		}
-		from = page.NextBatch
-	}
-}
-
-// edits walks the edits of one event and installs them, within the
-// ceiling.
-func (w *walker) edits(ctx context.Context, id string) error {
-	from := ""
-	for {
-		page, err := w.relations(ctx, id, "m.replace", from)
-		if err != nil {
-			return err
-		}
-		n := len(page.Chunk)
-		if !w.fits(n) {
-			n = max(0, w.d.Ceiling-w.walk.Events)
-		}
-		w.walk.Events += n
-		if err := w.emit(ctx, page.Chunk[:n]); err != nil {
-			return err
-		}
-		if n < len(page.Chunk) || page.NextBatch == "" || len(page.Chunk) == 0 {
-			return nil
 		}
 		from = page.NextBatch
 	}
