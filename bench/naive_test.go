@@ -263,7 +263,7 @@ func (n *naiveStore) close() {
 // group commit that carried it.
 func (n *naiveStore) admit(ctx context.Context, e planned) error {
 	// Parsed in the caller's goroutine, as the store does.
-	parsed := sqlitefs.Parse([]journal.Inbound{e.in}, time.Now())[0]
+	parsed := journal.Parse([]journal.Inbound{e.in}, time.Now())[0]
 	res, err := writer.Request(ctx, n.system.Root, n.pid, &writer.Execute{
 		Name: "naive_admit",
 		Size: len(e.in.Event) + len(e.token),
@@ -282,7 +282,7 @@ func (n *naiveStore) admit(ctx context.Context, e planned) error {
 
 // admitTx is the naive layout's AdmitBatch for one event: the same
 // reads and writes sqlitefs does, against the naive tables.
-func (n *naiveStore) admitTx(tx *writer.Tx, principal int, in sqlitefs.Parsed, token string) (bool, error) {
+func (n *naiveStore) admitTx(tx *writer.Tx, principal int, in journal.Parsed, token string) (bool, error) {
 	// Prepared once on the writer's connection, as sqlitefs does.
 	st := func(q string) *sql.Stmt {
 		if s, ok := n.stmts[q]; ok {

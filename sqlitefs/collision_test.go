@@ -43,7 +43,7 @@ func TestEventsWhoseIDsShareAHashAreTwoEvents(t *testing.T) {
 		t.Helper()
 		var res []journal.AdmitResult
 		writeTx(t, db, func(tx *Tx) (err error) {
-			res, _, err = AdmitBatch(tx, p, Parse(mx.Live(room, evs...), collisionNow), "")
+			res, _, err = AdmitBatch(tx, p, journal.Parse(mx.Live(room, evs...), collisionNow), "")
 			return err
 		})
 		out := ""

@@ -276,7 +276,7 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 	}
 	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"kept"}}`)
 	in := []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}
-	res, _, err := sqlitefs.AdmitBatch(wtx, p, sqlitefs.Parse(in, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)), "s_1")
+	res, _, err := sqlitefs.AdmitBatch(wtx, p, journal.Parse(in, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)), "s_1")
 	if err != nil || len(res) != 1 || res[0].Outcome != journal.Admitted {
 		t.Fatalf("AdmitBatch = %+v, %v; want one admitted event", res, err)
 	}

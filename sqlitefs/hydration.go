@@ -34,52 +34,9 @@ const (
 )
 
 // InstallHistory installs one chunk of history fetched for p's room under
-// the membership epoch the fetch began in, and refuses it
-// (journal.ErrMembershipEnded) once that membership is over. Every event is
-// history: journaled settled, never work. One the journal already holds is
-// re-projected (journal.Reproject), so a rejoined room shows its history
-// again, while its journal row stays the proof of its first admission.
-func InstallHistory(tx *Tx, p Principal, room string, epoch int64, events []Parsed) (journal.HistoryResult, error) {
-	var res journal.HistoryResult
-	ref, err := roomOf(tx, p, room)
-	if err != nil {
-		return res, err
-	}
-	if ref.departed || ref.epoch != epoch {
-		return res, fmt.Errorf("%w: history of %s was fetched under epoch %d, the room is at %d", journal.ErrMembershipEnded, room, epoch, ref.epoch)
-	}
-	for _, pe := range events {
-		if pe.Err != nil {
-			res.Rejected++
-			if err := recordRejected(tx, p, pe.In, peekEventID(pe.In.Event), pe.Err); err != nil {
-				return res, err
-			}
-			continue
-		}
-		ev := pe.Event
-		if ev.RoomID != room || ev.Provenance != journal.History {
-			return res, fmt.Errorf("%w: %s is not history of %s", journal.ErrInvalidArgument, ev.ID, room)
-		}
-		seq, admitted, err := insertEvent(tx, p, ev, journal.Classify(ev, p.UserID, false), ref.epoch)
-		if err != nil {
-			return res, fmt.Errorf("install %s: %w", ev.ID, err)
-		}
-		if admitted {
-			res.Admitted++
-			if err := journal.Project(&projector{tx: tx, p: p, seq: seq, room: ref}, ev, p.UserID, false); err != nil {
-				return res, err
-			}
-			continue
-		}
-		res.Known++
-		if err := tx.queryRow(selectJournaledSeq, p.ID, IDHash(ev.ID), ev.ID, room).Scan(&seq, &ev.Thread); err != nil {
-			return res, fmt.Errorf("install %s: %w", ev.ID, err)
-		}
-		if err := journal.Reproject(&projector{tx: tx, p: p, seq: seq, room: ref, rebuilt: true}, ev, p.UserID); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
+// epoch (journal.InstallHistory).
+func InstallHistory(tx *Tx, p Principal, room string, epoch int64, events []journal.Parsed) (journal.HistoryResult, error) {
+	return journal.InstallHistory(newAdmission(tx, p), p.UserID, room, epoch, events)
 }
 
 // MarkCovered publishes that p's conversation (room, thread "" for the
@@ -180,12 +137,7 @@ func (r refetcher) Tombstone(room, eventID string) error {
 
 // JournalEdit implements journal.RefetchStore.
 func (r refetcher) JournalEdit(edit *journal.Event) error {
-	ref, err := roomOf(r.tx, r.p, edit.RoomID)
-	if err != nil {
-		return err
-	}
-	_, _, err = insertEvent(r.tx, r.p, edit, journal.ContextOnly, ref.epoch)
-	return err
+	return journal.JournalContext(newAdmission(r.tx, r.p), edit)
 }
 
 // InstallRevision implements journal.RefetchStore.

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
@@ -55,69 +54,12 @@ const (
 		WHERE principal = ? AND id_hash = ? AND event_id = ? AND room_id = ?`
 )
 
-// Parsed is one inbound event after validation, which needs no database and
-// so runs in the caller's goroutine, off the writer's single thread.
-type Parsed struct {
-	In    journal.Inbound
-	Event *journal.Event // nil when Err is set
-	Err   error
-}
-
-// Parse validates a batch against the clock's now.
-func Parse(events []journal.Inbound, now time.Time) []Parsed {
-	out := make([]Parsed, len(events))
-	for i, in := range events {
-		ev, err := journal.ParseEvent(in, now)
-		out[i] = Parsed{In: in, Event: ev, Err: err}
-	}
-	return out
-}
-
-// AdmitBatch journals one parsed sync batch for p: each event is inserted or
-// recognised as a duplicate, projected, and the sync token stored, all
-// inside tx. Malformed events are recorded in rejected_events and skipped.
-// It returns one result per event and the hints to publish after commit.
-func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journal.AdmitResult, []hint.Hint, error) {
-	results := make([]journal.AdmitResult, len(events))
-	rooms := make(map[string]roomRef)
-	newest := make(map[string]int64)
-	for i, pe := range events {
-		ev := pe.Event
-		if pe.Err != nil {
-			results[i] = journal.AdmitResult{EventID: peekEventID(pe.In.Event), Outcome: journal.Rejected, Err: pe.Err}
-			if err := recordRejected(tx, p, pe.In, results[i].EventID, pe.Err); err != nil {
-				return nil, nil, err
-			}
-			continue
-		}
-		room, ok := rooms[ev.RoomID]
-		if !ok {
-			var err error
-			if room, err = roomOf(tx, p, ev.RoomID); err != nil {
-				return nil, nil, err
-			}
-			rooms[ev.RoomID] = room
-		}
-		class := journal.Classify(ev, p.UserID, room.departed)
-		seq, admitted, err := insertEvent(tx, p, ev, class, room.epoch)
-		if err != nil {
-			return nil, nil, fmt.Errorf("admit %s: %w", ev.ID, err)
-		}
-		if !admitted {
-			results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Duplicate}
-			continue
-		}
-		pj := projector{tx: tx, p: p, seq: seq, room: room}
-		if err := journal.Project(&pj, ev, p.UserID, room.departed); err != nil {
-			return nil, nil, err
-		}
-		results[i] = journal.AdmitResult{EventID: ev.ID, Outcome: journal.Admitted, Class: class}
-		newest[ev.RoomID] = seq
-	}
-	if nextBatch != "" {
-		if _, err := tx.exec(updateSyncToken, nextBatch, tx.nowMS(), p.ID); err != nil {
-			return nil, nil, fmt.Errorf("store sync token: %w", err)
-		}
+// AdmitBatch journals one parsed sync batch for p in tx
+// (journal.AdmitBatch) and returns the hints to publish after commit.
+func AdmitBatch(tx *Tx, p Principal, events []journal.Parsed, nextBatch string) ([]journal.AdmitResult, []hint.Hint, error) {
+	results, newest, err := journal.AdmitBatch(newAdmission(tx, p), p.UserID, events, nextBatch)
+	if err != nil {
+		return nil, nil, err
 	}
 	hints := make([]hint.Hint, 0, len(newest))
 	for room, seq := range newest {
@@ -126,41 +68,94 @@ func AdmitBatch(tx *Tx, p Principal, events []Parsed, nextBatch string) ([]journ
 	return results, hints, nil
 }
 
-// insertEvent journals ev unless p already has it. Actionable events keep
-// their canonical payload; context-only events are settled from the start.
-func insertEvent(tx *Tx, p Principal, ev *journal.Event, class journal.Class, epoch int64) (seq int64, admitted bool, err error) {
-	state := stateSettled
-	if class == journal.Actionable {
-		state = statePending
+// admission implements journal.AdmissionStore for p inside tx.
+type admission struct {
+	tx    *Tx
+	p     Principal
+	rooms map[string]roomRef
+}
+
+var _ journal.AdmissionStore = (*admission)(nil)
+
+func newAdmission(tx *Tx, p Principal) *admission {
+	return &admission{tx: tx, p: p, rooms: make(map[string]roomRef)}
+}
+
+// Room implements journal.AdmissionStore.
+func (a *admission) Room(room string) (journal.RoomState, error) {
+	ref, err := roomOf(a.tx, a.p, room)
+	if err != nil {
+		return journal.RoomState{}, err
 	}
-	thread := ev.Thread
-	if ev.Kind == journal.KindEdit || ev.Kind == journal.KindReaction {
-		// A relation belongs to the thread of the event it relates to.
-		err := tx.queryRow(selectThreadOf, p.ID, IDHash(ev.Target), ev.Target, ev.RoomID).Scan(&thread)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return 0, false, err
-		}
+	a.rooms[room] = ref
+	return journal.RoomState{Epoch: ref.epoch, Departed: ref.departed}, nil
+}
+
+// ThreadOf implements journal.AdmissionStore.
+func (a *admission) ThreadOf(room, eventID string) (string, bool, error) {
+	var thread string
+	err := a.tx.queryRow(selectThreadOf, a.p.ID, IDHash(eventID), eventID, room).Scan(&thread)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return thread, err == nil, err
+}
+
+// Insert implements journal.AdmissionStore.
+func (a *admission) Insert(ev *journal.Event, class journal.Class, pending bool, epoch int64) (int64, bool, error) {
+	state := stateSettled
+	if pending {
+		state = statePending
 	}
 	// Exec rather than RETURNING: a query in a transaction costs
 	// database/sql a goroutine, an insert does not.
-	r, err := tx.exec(insertJournalEvent, p.ID, IDHash(ev.ID), ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
-		int(class), int(ev.Provenance), state, epoch, tx.nowMS())
+	r, err := a.tx.exec(insertJournalEvent, a.p.ID, IDHash(ev.ID), ev.ID, ev.RoomID, ev.Thread, ev.Target, int(ev.Kind),
+		int(class), int(ev.Provenance), state, epoch, a.tx.nowMS())
 	if err != nil {
 		return 0, false, err
 	}
 	if n, err := r.RowsAffected(); err != nil || n == 0 {
 		return 0, false, err // already admitted
 	}
-	if seq, err = r.LastInsertId(); err != nil {
+	seq, err := r.LastInsertId()
+	if err != nil {
 		return 0, false, err
 	}
-	if state == statePending {
-		if _, err := tx.exec(insertPayload, seq, string(ev.Canonical)); err != nil {
+	if pending {
+		if _, err := a.tx.exec(insertPayload, seq, string(ev.Canonical)); err != nil {
 			return 0, false, err
 		}
 	}
-	ev.Thread = thread
 	return seq, true, nil
+}
+
+// Known implements journal.AdmissionStore.
+func (a *admission) Known(room, eventID string) (seq int64, thread string, err error) {
+	err = a.tx.queryRow(selectJournaledSeq, a.p.ID, IDHash(eventID), eventID, room).Scan(&seq, &thread)
+	return seq, thread, err
+}
+
+// RecordRejected implements journal.AdmissionStore.
+func (a *admission) RecordRejected(in journal.Inbound, eventID string, reason error) error {
+	sum := sha256.Sum256(append([]byte(in.RoomID+"\x00"), in.Event...))
+	raw := []byte(in.Event)
+	if len(raw) > maxRejectedRaw {
+		raw = raw[:maxRejectedRaw]
+	}
+	_, err := a.tx.exec(insertRejected, a.p.ID, in.RoomID, eventID, sum[:], reason.Error(), raw, a.tx.nowMS())
+	return err
+}
+
+// Projection implements journal.AdmissionStore. The room was read through
+// Room earlier in the same command.
+func (a *admission) Projection(room string, seq int64, rebuilt bool) journal.ProjectionStore {
+	return &projector{tx: a.tx, p: a.p, seq: seq, room: a.rooms[room], rebuilt: rebuilt}
+}
+
+// StoreSyncToken implements journal.AdmissionStore.
+func (a *admission) StoreSyncToken(token string) error {
+	_, err := a.tx.exec(updateSyncToken, token, a.tx.nowMS(), a.p.ID)
+	return err
 }
 
 // roomRef is a room as p's rows key it: its interned key, and the
@@ -215,29 +210,6 @@ func forgetRoom(tx *Tx, p Principal, room string) {
 	if tx.afterCommit != nil {
 		tx.afterCommit(func() { delete(tx.db.rooms, name) })
 	}
-}
-
-func recordRejected(tx *Tx, p Principal, in journal.Inbound, eventID string, reason error) error {
-	sum := sha256.Sum256(append([]byte(in.RoomID+"\x00"), in.Event...))
-	raw := []byte(in.Event)
-	if len(raw) > maxRejectedRaw {
-		raw = raw[:maxRejectedRaw]
-	}
-	if _, err := tx.exec(insertRejected, p.ID, in.RoomID, eventID, sum[:], reason.Error(), raw, tx.nowMS()); err != nil {
-		return fmt.Errorf("record rejected event: %w", err)
-	}
-	return nil
-}
-
-// peekEventID salvages an event ID from a rejected event for its report.
-func peekEventID(raw json.RawMessage) string {
-	var e struct {
-		EventID string `json:"event_id"`
-	}
-	if json.Unmarshal(raw, &e) != nil || !journal.ValidEventID(e.EventID) {
-		return ""
-	}
-	return e.EventID
 }
 
 // Settle settles p's pending events, dropping their payloads in the same

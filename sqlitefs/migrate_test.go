@@ -282,7 +282,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	a3 := `{"event_id":"$a3","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1700000005000,"content":{"msgtype":"m.text","body":"and another"}}`
 	b3 := `{"event_id":"$b3","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1700000006000,"content":{"msgtype":"m.text","body":"thanks"}}`
 	migWrite(t, db, now, func(tx *Tx) error {
-		res, _, err := AdmitBatch(tx, p, Parse([]journal.Inbound{
+		res, _, err := AdmitBatch(tx, p, journal.Parse([]journal.Inbound{
 			{RoomID: migRoomA, Provenance: journal.Live, Event: []byte(a3)},
 			{RoomID: migRoomB, Provenance: journal.Live, Event: []byte(b3)},
 		}, now), "s_42")

@@ -175,29 +175,9 @@ func (o outbox) CompleteTurn(turnID, eventID string) error {
 	return completeTurn(o.tx, o.p.Agent, turnID, eventID)
 }
 
-// ProjectDelivered implements journal.OutboxStore: it admits the delivered
-// event exactly as its sync echo reads, server timestamp included, so
-// whichever of the two comes first projects it, the other deduplicates
-// against it, and the projection rules stay one. An event the rules refuse
-// (a timestamp the parser finds absurd) is recorded as rejected and left to
-// its echo.
+// ProjectDelivered implements journal.OutboxStore (journal.AdmitDelivered).
 func (o outbox) ProjectDelivered(d journal.Delivery, sent journal.Sent) (bool, error) {
-	content, err := journal.WireContent(d)
-	if err != nil {
-		return false, err
-	}
-	raw, err := json.Marshal(map[string]any{
-		"event_id": sent.EventID, "type": d.EventType, "sender": o.p.UserID,
-		"origin_server_ts": sent.ServerTS, "content": content,
-	})
-	if err != nil {
-		return false, err
-	}
-	res, _, err := AdmitBatch(o.tx, o.p, Parse([]journal.Inbound{{RoomID: d.RoomID, Provenance: journal.Live, Event: raw}}, o.tx.now), "")
-	if err != nil {
-		return false, err
-	}
-	return res[0].Outcome != journal.Rejected, nil
+	return journal.AdmitDelivered(newAdmission(o.tx, o.p), o.p.UserID, d, sent, o.tx.now)
 }
 
 // EnqueueAndSettle writes (or updates, while unattempted) one delivery

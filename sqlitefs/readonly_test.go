@@ -41,7 +41,7 @@ func closedJournal(t *testing.T) (dir string, p sqlitefs.Principal) {
 	}
 	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"hi"}}`)
 	in := []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}
-	if _, _, err := sqlitefs.AdmitBatch(wtx, p, sqlitefs.Parse(in, now), "s_1"); err != nil {
+	if _, _, err := sqlitefs.AdmitBatch(wtx, p, journal.Parse(in, now), "s_1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {

@@ -72,7 +72,7 @@ func (b *batchTx) commit() {
 func admitText(b *batchTx, p sqlitefs.Principal, room, id string, ts int) error {
 	ev := `{"event_id":"` + id + `","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":` +
 		strconv.Itoa(ts) + `,"content":{"msgtype":"m.text","body":"` + id + `"}}`
-	res, _, err := sqlitefs.AdmitBatch(b.tx, p, sqlitefs.Parse([]journal.Inbound{
+	res, _, err := sqlitefs.AdmitBatch(b.tx, p, journal.Parse([]journal.Inbound{
 		{RoomID: room, Provenance: journal.Live, Event: []byte(ev)}}, cacheClock), "")
 	if err == nil && res[0].Outcome != journal.Admitted {
 		err = errors.New("not admitted")

@@ -52,7 +52,7 @@ func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBat
 	for _, e := range events {
 		size += len(e.Event)
 	}
-	parsed := sqlitefs.Parse(events, v.s.now())
+	parsed := journal.Parse(events, v.s.now())
 	return write(ctx, v, "admit batch", size, func(tx *sqlitefs.Tx) ([]journal.AdmitResult, []hint.Hint, error) {
 		return sqlitefs.AdmitBatch(tx, v.p, parsed, nextBatch)
 	})
@@ -103,7 +103,7 @@ func (v *View) InstallHistory(ctx context.Context, roomID string, epoch int64, e
 	for _, e := range events {
 		size += len(e.Event)
 	}
-	parsed := sqlitefs.Parse(events, v.s.now())
+	parsed := journal.Parse(events, v.s.now())
 	return write(ctx, v, "install history", size, func(tx *sqlitefs.Tx) (journal.HistoryResult, []hint.Hint, error) {
 		res, err := sqlitefs.InstallHistory(tx, v.p, roomID, epoch, parsed)
 		return res, nil, err
