@@ -62,6 +62,20 @@ func (b *Bus) Publish(hints []Hint) {
 	}
 }
 
+// WakeAll wakes every subscription, whatever its principal: for when hints
+// may have been lost (a notification channel reconnected), so each
+// subscriber re-reads from its own cursor.
+func (b *Bus) WakeAll() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for s := range b.subs {
+		select {
+		case s.c <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // C is signalled after a commit that may concern the subscriber.
 func (s *Subscription) C() <-chan struct{} { return s.c }
 

@@ -47,3 +47,12 @@ func TestAClosedSubscriptionIsNotWoken(t *testing.T) {
 		t.Fatal("a closed subscription was woken")
 	}
 }
+
+func TestWakeAllWakesEverySubscriptionWhateverItsPrincipal(t *testing.T) {
+	var b hint.Bus
+	a, c := b.Subscribe("a"), b.Subscribe("c")
+	b.WakeAll()
+	if !pending(a) || !pending(c) {
+		t.Fatal("WakeAll left a subscription asleep")
+	}
+}

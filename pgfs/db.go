@@ -1,0 +1,257 @@
+// Package pgfs is the journal on PostgreSQL: the same commands and reader
+// queries as sqlitefs, in PostgreSQL's SQL, deciding nothing itself (the
+// rules live in package journal). There is no single writer: a write
+// transaction locks its principal's row first, so one principal's writes
+// commit in the order their positions were taken while different
+// principals write in parallel. After-commit hints travel over
+// LISTEN/NOTIFY, so a reader in another process wakes too.
+package pgfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+const (
+	insertGeneration = `INSERT INTO store_meta (key, value) VALUES ('generation', $1) ON CONFLICT (key) DO NOTHING`
+	selectGeneration = `SELECT value FROM store_meta WHERE key = 'generation'`
+	// lockPrincipal serializes a principal's write transactions and reads
+	// the lease generation a replica will check before it commits.
+	lockPrincipal = `SELECT lease_generation FROM principals WHERE id = $1 FOR UPDATE`
+)
+
+// DefaultMaxConns is the pool size when Options.MaxConns is zero.
+const DefaultMaxConns = 16
+
+// Errors of the storage boundary.
+var (
+	// ErrConflict reports a uniqueness or primary-key violation.
+	ErrConflict = errors.New("conflict")
+	// ErrForeignDatabase reports a schema holding another application's
+	// tables.
+	ErrForeignDatabase = errors.New("the schema holds tables that are not a mindroomd journal")
+)
+
+// Options configure Open.
+type Options struct {
+	// URL is the connection string. It usually holds a password: it is
+	// never logged, and errors from connecting do not repeat it.
+	URL string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Log receives the store's logs (default: discarded).
+	Log zerolog.Logger
+	// Hints receives after-commit wake-ups, this process's and other
+	// processes' alike; a private bus when nil.
+	Hints *hint.Bus
+	// MaxConns bounds the pool (default DefaultMaxConns).
+	MaxConns int32
+}
+
+// Store is an open journal on PostgreSQL. It implements journal.Store.
+type Store struct {
+	pool       *pgxpool.Pool
+	now        func() time.Time
+	log        zerolog.Logger
+	hints      *hint.Bus
+	generation string
+
+	stopListen context.CancelFunc
+	listening  sync.WaitGroup
+	closeOnce  sync.Once
+
+	mu         sync.Mutex
+	principals map[journal.Principal]*View
+}
+
+var _ journal.Store = (*Store)(nil)
+
+// Open connects, migrates the schema and starts the hint listener.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(opts.URL)
+	if err != nil {
+		// pgx's parse errors quote the string; this one must not.
+		return nil, errors.New("open journal: the database URL does not parse")
+	}
+	cfg.MaxConns = opts.MaxConns
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, principals: make(map[journal.Principal]*View)}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.hints == nil {
+		s.hints = &hint.Bus{}
+	}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("open journal: %w", redact(err))
+	}
+	if err := s.pool.Ping(ctx); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("open journal: %w", redact(err))
+	}
+	if err := migrate(ctx, s.pool); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	if s.generation, err = mintGeneration(ctx, s.pool); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	lconf := cfg.ConnConfig.Copy()
+	conn, err := listenConn(ctx, lconf)
+	if err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("open journal: listen for hints: %w", err)
+	}
+	lctx, stop := context.WithCancel(context.Background())
+	s.stopListen = stop
+	s.listening.Add(1)
+	go func() {
+		defer s.listening.Done()
+		s.listen(lctx, lconf, conn)
+	}()
+	return s, nil
+}
+
+func mintGeneration(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	if _, err := pool.Exec(ctx, insertGeneration, uuid.NewString()); err != nil {
+		return "", fmt.Errorf("mint generation: %w", err)
+	}
+	var g string
+	if err := pool.QueryRow(ctx, selectGeneration).Scan(&g); err != nil {
+		return "", fmt.Errorf("read generation: %w", err)
+	}
+	return g, nil
+}
+
+// Generation implements journal.Store.
+func (s *Store) Generation(context.Context) (string, error) { return s.generation, nil }
+
+// Hints returns the bus on which every commit to this database is
+// published, whichever process made it.
+func (s *Store) Hints() *hint.Bus { return s.hints }
+
+// Close stops the listener and closes the pool. Every command that
+// returned has committed.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.stopListen()
+		s.listening.Wait()
+		s.pool.Close()
+	})
+	return nil
+}
+
+// Tx is a write transaction as the commands in this package see it: one
+// principal's, with its row locked, and the command's time.
+type Tx struct {
+	ctx context.Context
+	tx  pgx.Tx
+	now time.Time
+}
+
+func (t *Tx) exec(query string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := t.tx.Exec(t.ctx, query, args...)
+	return tag, mapErr(err)
+}
+
+func (t *Tx) query(query string, args ...any) (pgx.Rows, error) {
+	rows, err := t.tx.Query(t.ctx, query, args...)
+	return rows, mapErr(err)
+}
+
+func (t *Tx) queryRow(query string, args ...any) pgx.Row { return t.tx.QueryRow(t.ctx, query, args...) }
+
+// nowMS is the command's time in integer milliseconds, the stored form.
+func (t *Tx) nowMS() int64 { return t.now.UnixMilli() }
+
+// Retries of a transaction PostgreSQL aborted to break a deadlock or a
+// serialization conflict: the command is run again from the start.
+const maxAttempts = 5
+
+// write runs one command for p in its own transaction, after locking p's
+// row, and publishes its hints once it has committed. A transaction
+// PostgreSQL aborted as a deadlock victim is run again.
+func write[T any](ctx context.Context, s *Store, p Principal, name string, run func(tx *Tx) (T, []hint.Hint, error)) (T, error) {
+	var zero T
+	for attempt := 1; ; attempt++ {
+		out, hints, err := writeOnce(ctx, s, p, run)
+		if err == nil {
+			s.publish(hints)
+			return out, nil
+		}
+		if attempt == maxAttempts || !retryable(err) {
+			return zero, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+}
+
+func writeOnce[T any](ctx context.Context, s *Store, p Principal, run func(tx *Tx) (T, []hint.Hint, error)) (T, []hint.Hint, error) {
+	var zero T
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return zero, nil, redact(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var lease int64
+	if err := tx.QueryRow(ctx, lockPrincipal, p.ID).Scan(&lease); err != nil {
+		return zero, nil, fmt.Errorf("lock principal: %w", err)
+	}
+	t := &Tx{ctx: ctx, tx: tx, now: s.now()}
+	out, hints, err := run(t)
+	if err != nil {
+		return zero, nil, err
+	}
+	if err := s.notify(t, hints); err != nil {
+		return zero, nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return zero, nil, mapErr(err)
+	}
+	return out, hints, nil
+}
+
+// retryable reports the aborts PostgreSQL asks a client to retry.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// mapErr translates constraint codes into domain errors at this boundary,
+// by code and never by message text.
+func mapErr(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" {
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	return err
+}
+
+// redact keeps connection errors from repeating the connection string:
+// pgx's connect errors name the host and user, never the password, but a
+// parse error would quote it, so only the server's own error passes.
+func redact(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return err
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("connect to the database: %w", errors.Unwrap(ce))
+	}
+	return err
+}

@@ -1,0 +1,116 @@
+package pgfs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mindroomd/mindroomd/hint"
+)
+
+const (
+	// One channel for every store; a notification names its store's
+	// generation, and a listener drops another store's.
+	listenHints = `LISTEN mindroomd_hints`
+	notifyHint  = `SELECT pg_notify('mindroomd_hints', $1)`
+)
+
+// notification is a hint as it travels: who, where, and how far, never
+// the payload.
+type notification struct {
+	Generation string `json:"g"`
+	Principal  string `json:"p"`
+	Room       string `json:"r,omitempty"`
+	Position   int64  `json:"n,omitempty"`
+}
+
+// notify queues the hints in the transaction: PostgreSQL delivers them if,
+// and only when, it commits.
+func (s *Store) notify(t *Tx, hints []hint.Hint) error {
+	for _, h := range hints {
+		payload, err := json.Marshal(notification{Generation: s.generation, Principal: h.Principal, Room: h.Room, Position: h.Position})
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(notifyHint, string(payload)); err != nil {
+			return fmt.Errorf("notify: %w", err)
+		}
+	}
+	return nil
+}
+
+// publish wakes this process's subscribers at once after a commit; other
+// processes learn of it through the notification.
+func (s *Store) publish(hints []hint.Hint) {
+	if len(hints) > 0 {
+		s.hints.Publish(hints)
+	}
+}
+
+// listenConn opens the listener's own connection, outside the pool, and
+// listens on it.
+func listenConn(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, redact(err)
+	}
+	if _, err := conn.Exec(ctx, listenHints); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Reconnect delays of the listener.
+const (
+	minListenBackoff = 100 * time.Millisecond
+	maxListenBackoff = 5 * time.Second
+)
+
+// listen relays notifications to the bus until ctx ends, reconnecting
+// after a lost connection. A notification sent while no connection
+// listened is gone, so every (re)connection wakes every subscriber, and
+// each re-reads from its own cursor.
+func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) {
+	backoff := minListenBackoff
+	for {
+		if conn != nil {
+			s.hints.WakeAll()
+			err := s.relay(ctx, conn)
+			_ = conn.Close(context.Background())
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Warn().Err(err).Msg("Hint listener lost its connection; reconnecting")
+			backoff = minListenBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		var err error
+		if conn, err = listenConn(ctx, cfg); err != nil {
+			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("Hint listener cannot connect")
+			backoff = min(2*backoff, maxListenBackoff)
+		}
+	}
+}
+
+// relay hands each notification of this store to the bus.
+func (s *Store) relay(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		var note notification
+		if json.Unmarshal([]byte(n.Payload), &note) != nil || note.Generation != s.generation {
+			continue
+		}
+		s.hints.Publish([]hint.Hint{{Principal: note.Principal, Room: note.Room, Position: note.Position}})
+	}
+}

@@ -1,0 +1,131 @@
+package pgfs
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+const (
+	createVersions = `CREATE TABLE IF NOT EXISTS schema_versions (
+		version    integer PRIMARY KEY,
+		applied_at timestamptz NOT NULL DEFAULT now())`
+	// Replicas opening one database at once migrate one at a time.
+	lockMigrations  = `SELECT pg_advisory_xact_lock(7236281730651218689)`
+	selectVersion   = `SELECT coalesce(max(version), 0) FROM schema_versions`
+	insertVersion   = `INSERT INTO schema_versions (version) VALUES ($1)`
+	selectHasTables = `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_versions'`
+)
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations lists the embedded files in version order. Names are
+// NNNN_description.sql; a gap or duplicate is a build mistake and panics.
+func migrations() []migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	var ms []migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("migration without a numbered name: " + e.Name())
+		}
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		ms = append(ms, migration{version: v, name: e.Name(), sql: string(body)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			panic(fmt.Sprintf("migration %s out of sequence", m.name))
+		}
+	}
+	return ms
+}
+
+// SchemaVersion is the newest schema this binary knows.
+func SchemaVersion() int { return len(migrations()) }
+
+// NewerDatabaseError reports a database migrated by a newer binary than
+// this one; writing to it could misread rows this binary does not know.
+type NewerDatabaseError struct {
+	// Version is the database's schema version; Known is the newest this
+	// binary knows.
+	Version, Known int
+}
+
+// Error implements error.
+func (e *NewerDatabaseError) Error() string {
+	return fmt.Sprintf("journal schema version %d is newer than this binary supports (%d); upgrade mindroomd", e.Version, e.Known)
+}
+
+// migrate applies the migrations the database lacks, each in one
+// transaction with its version row. A schema holding other tables and no
+// versions belongs to someone else and is refused.
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, createVersions); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, m := range migrations() {
+		if err := apply(ctx, pool, m); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+func apply(ctx context.Context, pool *pgxpool.Pool, m migration) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, lockMigrations); err != nil {
+		return err
+	}
+	var version, tables int
+	if err := tx.QueryRow(ctx, selectVersion).Scan(&version); err != nil {
+		return err
+	}
+	if version > SchemaVersion() {
+		return &NewerDatabaseError{Version: version, Known: SchemaVersion()}
+	}
+	if version >= m.version {
+		return nil
+	}
+	if version == 0 {
+		if err := tx.QueryRow(ctx, selectHasTables).Scan(&tables); err != nil {
+			return err
+		}
+		if tables > 0 {
+			return ErrForeignDatabase
+		}
+	}
+	// A migration file is several statements: the simple protocol runs
+	// them in one round trip, inside this transaction.
+	if _, err := tx.Exec(ctx, m.sql); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, insertVersion, m.version); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
