@@ -84,6 +84,21 @@ func TestARejoinedRoomServesItsHydratedHistoryAndAnswersOnlyWhatCameAfter(t *tes
 	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
 	defer cancel()
 	f.alice.AwaitEvent(ctx, f.room, dendrite.Joined(f.bot.UserID, 2))
+	// The server shows the join before the agent's sync has brought it
+	// to the journal, and until then a read finds the agent out.
+	for deadline := time.Now().Add(testDeadline); ; {
+		_, departed, err := f.view.RoomEpoch(f.ctx, f.room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !departed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the journal never recorded the rejoin")
+		}
+		time.Sleep(10 * time.Millisecond) // a join commits no hint to wait on
+	}
 
 	page, err := f.reader.Read(f.ctx, journal.ReadRequest{RoomID: f.room, Limit: 50, Strict: true})
 	if err != nil {
