@@ -46,6 +46,9 @@ const (
 	EnvHomeserver = "MINDROOM_HOMESERVER"
 	EnvStorage    = "MINDROOM_STORAGE"
 	EnvListen     = "MINDROOM_LISTEN"
+	// EnvDatabaseURL holds the PostgreSQL URL itself, a secret, in place of
+	// database_url_file.
+	EnvDatabaseURL = "MINDROOM_DATABASE_URL"
 )
 
 // ErrConfig matches every error of this package, so that a caller can tell a
@@ -125,8 +128,16 @@ func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
 type Config struct {
 	// Homeserver is the http(s) base URL of the Matrix homeserver.
 	Homeserver string `yaml:"homeserver"`
-	// Storage is the journal's directory. Default ./mindroom_data.
+	// Storage is the journal's directory. Default ./mindroom_data. With a
+	// database URL the journal lives in PostgreSQL and the directory keeps
+	// only each agent's Matrix device.
 	Storage string `yaml:"storage"`
+	// DatabaseURLFile names a file holding a PostgreSQL URL: set, the
+	// journal lives in that database instead of under Storage.
+	DatabaseURLFile string `yaml:"database_url_file"`
+	// DatabaseURL is the URL read from DatabaseURLFile or
+	// MINDROOM_DATABASE_URL (which wins); it holds a password.
+	DatabaseURL Secret `yaml:"-"`
 	// Listen is the HTTP API's host:port. Default 127.0.0.1:8787. Any
 	// address that is not loopback requires every agent's api_token_file.
 	Listen string `yaml:"listen"`
@@ -249,6 +260,9 @@ func Parse(data []byte, dir string, lookupEnv func(string) (string, bool)) (*Con
 		return nil, err
 	}
 	storageFromEnv := applyEnv(cfg, lookupEnv)
+	if v, ok := lookupEnv(EnvDatabaseURL); ok && v != "" {
+		cfg.DatabaseURL = Secret{v: v}
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -428,6 +442,16 @@ func checkHTTPURL(s string) error {
 	return nil
 }
 
+// checkDatabaseURL accepts a postgres:// or postgresql:// URL with a host.
+// Its errors never quote the URL, which holds a password.
+func checkDatabaseURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || (u.Host == "" && u.Query().Get("host") == "") {
+		return errors.New("not a postgres:// URL with a host")
+	}
+	return nil
+}
+
 // checkListen validates host:port and reports whether the host is loopback.
 // A host name other than localhost counts as not loopback: what it resolves
 // to is not known until it is bound.
@@ -448,6 +472,25 @@ func checkListen(s string) (loopback bool, err error) {
 
 // readSecrets resolves the secret files' paths against dir and reads them.
 func (c *Config) readSecrets(dir string) error {
+	if c.DatabaseURLFile != "" && !c.DatabaseURL.IsSet() {
+		if !filepath.IsAbs(c.DatabaseURLFile) {
+			c.DatabaseURLFile = filepath.Join(dir, c.DatabaseURLFile)
+		}
+		v, err := readSecret(c.DatabaseURLFile)
+		if err != nil {
+			return &Error{Field: "database_url_file", Err: err}
+		}
+		c.DatabaseURL = v
+	}
+	if c.DatabaseURL.IsSet() {
+		if err := checkDatabaseURL(c.DatabaseURL.Reveal()); err != nil {
+			field := "database_url_file"
+			if c.DatabaseURLFile == "" {
+				field = EnvDatabaseURL
+			}
+			return &Error{Field: field, Err: err}
+		}
+	}
 	for i := range c.Agents {
 		a := &c.Agents[i]
 		field := fmt.Sprintf("agents[%d]", i)

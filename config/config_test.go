@@ -523,3 +523,73 @@ agents:
 		t.Fatalf("the error shows the token: %v", err)
 	}
 }
+
+func TestADatabaseURLComesFromItsFileOrTheEnvironmentAndIsNeverPrinted(t *testing.T) {
+	const (
+		fileURL = "postgres://mindroom:db-pw-71e0c2-never-printed@127.0.0.1:5432/journal"
+		envURL  = "postgresql://mindroom:env-pw-2b9d55-never-printed@db.internal/journal?sslmode=require"
+	)
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	if err := os.WriteFile(filepath.Join(dir, "secrets", "pg.url"), []byte(fileURL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "secrets", "bad.url"), []byte("mysql://u:bad-pw-0c1f@h/db\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	doc := func(file string) string {
+		return `
+homeserver: http://127.0.0.1:8008
+database_url_file: ` + file + `
+agents:
+  - name: one
+    user_id: "@one:localhost"
+    password_file: secrets/password
+    backend: {type: echo}
+`
+	}
+	cfg := mustParse(t, doc("secrets/pg.url"), dir, noEnv)
+	if got := cfg.DatabaseURL.Reveal(); got != fileURL {
+		t.Fatalf("the URL read from its file is %q", got)
+	}
+	if cfg.DatabaseURLFile != filepath.Join(dir, "secrets", "pg.url") {
+		t.Errorf("database_url_file resolved to %q, want it beside the config", cfg.DatabaseURLFile)
+	}
+	cfg = mustParse(t, doc("secrets/pg.url"), dir, envOf(map[string]string{config.EnvDatabaseURL: envURL}))
+	if got := cfg.DatabaseURL.Reveal(); got != envURL {
+		t.Fatalf("with %s set the URL is %q, want the environment's", config.EnvDatabaseURL, got)
+	}
+	jsonOut, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{fmt.Sprintf("%v %+v %#v", cfg, cfg, *cfg), string(jsonOut)} {
+		if strings.Contains(out, "never-printed") {
+			t.Errorf("a printed config holds the database password: %s", out)
+		}
+	}
+	if plain := mustParse(t, strings.Replace(doc(""), "database_url_file: \n", "", 1), dir, noEnv); plain.DatabaseURL.IsSet() {
+		t.Error("without a database URL the journal must stay on SQLite")
+	}
+	for name, c := range map[string]struct {
+		doc   string
+		env   map[string]string
+		field string
+	}{
+		"not postgres":  {doc("secrets/bad.url"), nil, "database_url_file"},
+		"missing file":  {doc("secrets/none.url"), nil, "database_url_file"},
+		"empty file":    {doc("secrets/empty"), nil, "database_url_file"},
+		"env not a URL": {strings.Replace(doc(""), "database_url_file: \n", "", 1), map[string]string{config.EnvDatabaseURL: "host=db password=env-pw-never-printed"}, config.EnvDatabaseURL},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := config.Parse([]byte(c.doc), dir, envOf(c.env))
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.Field != c.field {
+				t.Fatalf("error %v, want one naming %s", err, c.field)
+			}
+			if strings.Contains(err.Error(), "pw-") {
+				t.Fatalf("the error quotes the URL: %v", err)
+			}
+		})
+	}
+}

@@ -155,9 +155,10 @@ func FuzzConfig(f *testing.F) {
 			return
 		}
 		env := map[string]string{
-			config.EnvHomeserver: envHomeserver,
-			config.EnvStorage:    envStorage,
-			config.EnvListen:     envListen,
+			config.EnvHomeserver:  envHomeserver,
+			config.EnvStorage:     envStorage,
+			config.EnvListen:      envListen,
+			config.EnvDatabaseURL: "",
 		}
 		lookupEnv := func(name string) (string, bool) {
 			v, ok := env[name]

@@ -224,6 +224,14 @@ type PrincipalStore interface {
 	Principal() Principal
 }
 
+// Backlog is what one principal still owes, as the metrics report it.
+type Backlog struct {
+	Agent, UserID string
+	Pending       int64 // actionable events not yet settled
+	Queued        int64 // replies enqueued, never attempted
+	Attempted     int64 // replies sent or being sent, not yet acknowledged
+}
+
 // Store is a journal database shared by several principals.
 type Store interface {
 	// Principal returns the view bound to one principal, registering it on

@@ -17,14 +17,13 @@ import (
 	"github.com/mindroomd/mindroomd/actors/hydrator"
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
 // statusTimeout bounds the journal read a scrape makes.
 const statusTimeout = 5 * time.Second
 
 // BacklogFunc reads every principal's backlog from the journal.
-type BacklogFunc func(ctx context.Context) ([]sqlitefs.Backlog, error)
+type BacklogFunc func(ctx context.Context) ([]journal.Backlog, error)
 
 // Metrics is one daemon's registry.
 type Metrics struct {

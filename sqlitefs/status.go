@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+
+	"github.com/mindroomd/mindroomd/journal"
 )
 
 // selectStatus reads every figure of every principal in one statement, so
@@ -40,25 +42,17 @@ const selectBacklog = `SELECT p.agent, p.user_id,
 			WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 1)
 	FROM principals p ORDER BY p.agent, p.user_id`
 
-// Backlog is what one principal still owes.
-type Backlog struct {
-	Agent, UserID string
-	Pending       int64 // actionable events not yet settled
-	Queued        int64 // replies enqueued, never attempted
-	Attempted     int64 // replies sent or being sent, not yet acknowledged
-}
-
 // Backlogs reads every principal's backlog, cheaply enough for each metrics
 // scrape.
-func (db *DB) Backlogs(ctx context.Context) ([]Backlog, error) {
+func (db *DB) Backlogs(ctx context.Context) ([]journal.Backlog, error) {
 	rows, err := db.readers.QueryContext(ctx, selectBacklog)
 	if err != nil {
 		return nil, fmt.Errorf("read backlog: %w", deadlineErr(ctx, err))
 	}
 	defer rows.Close()
-	var out []Backlog
+	var out []journal.Backlog
 	for rows.Next() {
-		var b Backlog
+		var b journal.Backlog
 		if err := rows.Scan(&b.Agent, &b.UserID, &b.Pending, &b.Queued, &b.Attempted); err != nil {
 			return nil, fmt.Errorf("read backlog: %w", err)
 		}

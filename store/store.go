@@ -223,6 +223,10 @@ func (s *Store) Fatal() error {
 // Done is closed once the writer has stopped, after Close or a fatal fault.
 func (s *Store) Done() <-chan struct{} { return s.done }
 
+// Backlogs reads what every principal still owes, cheaply enough for each
+// metrics scrape.
+func (s *Store) Backlogs(ctx context.Context) ([]journal.Backlog, error) { return s.db.Backlogs(ctx) }
+
 // Hints returns the bus after-commit wake-ups are published on.
 func (s *Store) Hints() *hint.Bus { return s.hints }
 

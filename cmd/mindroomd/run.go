@@ -23,9 +23,11 @@ import (
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/metrics"
-	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/store"
 )
 
@@ -36,7 +38,7 @@ const leaveTimeout = time.Minute
 // daemon is what run started, stopped in the reverse order.
 type daemon struct {
 	log    zerolog.Logger
-	store  *store.Store
+	store  journalStore
 	system *actor.ActorSystem
 	// actors are each agent's hydrator and principal, in start order;
 	// they stop in reverse.
@@ -71,11 +73,12 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 			err = errors.Join(err, serr)
 		}
 	}()
-	d.metrics = metrics.New(func(ctx context.Context) ([]sqlitefs.Backlog, error) { return d.store.DB().Backlogs(ctx) }, nil)
-	if d.store, err = store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
-		OnCommit: d.metrics.Committed, OnBusy: d.metrics.Busy}); err != nil {
+	d.metrics = metrics.New(func(ctx context.Context) ([]journal.Backlog, error) { return d.store.Backlogs(ctx) }, nil)
+	js, err := d.openJournal(ctx, cfg)
+	if err != nil {
 		return err
 	}
+	d.store = js
 	d.system = actors.NewSystem(d.log)
 	for i, a := range cfg.Agents {
 		if err := d.startAgent(ctx, cfg, a, answers[i]); err != nil {
@@ -91,7 +94,8 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	if err != nil {
 		return err
 	}
-	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("listen", addr).Msg("mindroomd running")
+	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("journal", journalKind(cfg)).
+		Str("listen", addr).Msg("mindroomd running")
 	select {
 	case <-ctx.Done():
 		d.log.Info().Msg("Shutting down")
@@ -101,6 +105,56 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	case err := <-d.faults:
 		return err
 	}
+}
+
+// journalStore is the journal as the daemon runs it, on either backend.
+type journalStore interface {
+	journal.Store
+	// Hints carries the after-commit wake-ups the agent API waits on.
+	Hints() *hint.Bus
+	// Backlogs reads what every principal still owes, for the metrics.
+	Backlogs(ctx context.Context) ([]journal.Backlog, error)
+	// Done is closed when the journal stopped taking writes; Fatal says
+	// why.
+	Done() <-chan struct{}
+	Fatal() error
+}
+
+// postgresJournal is the PostgreSQL journal as the daemon runs it. It has
+// no single writer to lose: each command reports its own error, and a
+// lost connection is the pool's to replace, so Done never closes.
+type postgresJournal struct{ *pgfs.Store }
+
+// Done implements journalStore.
+func (postgresJournal) Done() <-chan struct{} { return nil }
+
+// Fatal implements journalStore.
+func (postgresJournal) Fatal() error { return nil }
+
+// journalKind names the backend cfg selects, for the logs.
+func journalKind(cfg *config.Config) string {
+	if cfg.DatabaseURL.IsSet() {
+		return "postgresql"
+	}
+	return "sqlite"
+}
+
+// openJournal opens the journal cfg selects: PostgreSQL when a database
+// URL is configured, the SQLite file under storage otherwise.
+func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (journalStore, error) {
+	if cfg.DatabaseURL.IsSet() {
+		s, err := pgfs.Open(ctx, pgfs.Options{URL: cfg.DatabaseURL.Reveal(), Log: d.log})
+		if err != nil {
+			return nil, err
+		}
+		return postgresJournal{s}, nil
+	}
+	s, err := store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
+		OnCommit: d.metrics.Committed, OnBusy: d.metrics.Busy})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // backend is the Agent the i-th agent's back-end answers with, logging to
