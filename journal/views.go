@@ -232,6 +232,28 @@ type Backlog struct {
 	Attempted     int64 // replies sent or being sent, not yet acknowledged
 }
 
+// PrincipalStatus summarises one principal's rows.
+type PrincipalStatus struct {
+	Agent, UserID string
+	Events        int64 // journal rows
+	Pending       int64 // actionable events not yet settled
+	Visible       int64 // visible messages
+	// The outbox's rows by state (DeliveryState): never attempted,
+	// attempted and not yet acknowledged, acknowledged, permanently
+	// refused, and retired unsent.
+	Queued, Attempted, Acknowledged, Failed, Retired int64
+	// OwedDepartures counts the local leaves whose sync-reported echo is
+	// still owed.
+	OwedDepartures int64
+	// HasSyncToken reports whether a sync has completed and stored its
+	// token.
+	HasSyncToken bool
+	// SyncTokenMS is when the sync token was stored, in unix milliseconds:
+	// the time of the last completed sync. 0 when not known: no token, or
+	// one stored by a mindroomd that did not keep the time.
+	SyncTokenMS int64
+}
+
 // Store is a journal database shared by several principals.
 type Store interface {
 	// Principal returns the view bound to one principal, registering it on

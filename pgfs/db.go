@@ -42,6 +42,8 @@ var (
 	// ErrForeignDatabase reports a schema holding another application's
 	// tables.
 	ErrForeignDatabase = errors.New("the schema holds tables that are not a mindroomd journal")
+	// ErrNoJournal reports a database (or schema) holding no journal yet.
+	ErrNoJournal = errors.New("no mindroomd journal in this database")
 )
 
 // Options configure Open.
@@ -58,6 +60,10 @@ type Options struct {
 	Hints *hint.Bus
 	// MaxConns bounds the pool (default DefaultMaxConns).
 	MaxConns int32
+	// ReadOnly opens the journal for reading alone, as status and an
+	// offline export do: nothing is migrated or written, no listener
+	// starts, and a journal of another schema version is refused.
+	ReadOnly bool
 }
 
 // Store is an open journal on PostgreSQL. It implements journal.Store.
@@ -96,12 +102,23 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if s.hints == nil {
 		s.hints = &hint.Bus{}
 	}
+	if opts.ReadOnly {
+		// PostgreSQL itself refuses every write of such a session.
+		cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	}
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("open journal: %w", redact(err))
 	}
 	if err := s.pool.Ping(ctx); err != nil {
 		s.pool.Close()
 		return nil, fmt.Errorf("open journal: %w", redact(err))
+	}
+	if opts.ReadOnly {
+		if err := s.openReadOnly(ctx); err != nil {
+			s.pool.Close()
+			return nil, fmt.Errorf("open journal: %w", err)
+		}
+		return s, nil
 	}
 	if err := migrate(ctx, s.pool); err != nil {
 		s.pool.Close()
@@ -125,6 +142,28 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.listen(lctx, lconf, conn)
 	}()
 	return s, nil
+}
+
+// openReadOnly checks the journal is one this binary reads as it stands
+// and reads its generation.
+func (s *Store) openReadOnly(ctx context.Context) error {
+	version, err := schemaVersion(ctx, s.pool)
+	if err != nil {
+		return err
+	}
+	switch {
+	case version == 0:
+		return ErrNoJournal
+	case version > SchemaVersion():
+		return &NewerDatabaseError{Version: version, Known: SchemaVersion()}
+	case version < SchemaVersion():
+		return fmt.Errorf("journal schema version %d is older than this binary's (%d); start the daemon once to migrate it", version, SchemaVersion())
+	}
+	if err := s.pool.QueryRow(ctx, selectGeneration).Scan(&s.generation); err != nil {
+		return fmt.Errorf("read generation: %w", err)
+	}
+	s.stopListen = func() {}
+	return nil
 }
 
 func mintGeneration(ctx context.Context, pool *pgxpool.Pool) (string, error) {

@@ -20,10 +20,13 @@ const (
 		version    integer PRIMARY KEY,
 		applied_at timestamptz NOT NULL DEFAULT now())`
 	// Replicas opening one database at once migrate one at a time.
-	lockMigrations  = `SELECT pg_advisory_xact_lock(7236281730651218689)`
-	selectVersion   = `SELECT coalesce(max(version), 0) FROM schema_versions`
-	insertVersion   = `INSERT INTO schema_versions (version) VALUES ($1)`
-	selectHasTables = `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_versions'`
+	lockMigrations = `SELECT pg_advisory_xact_lock(7236281730651218689)`
+	selectVersion  = `SELECT coalesce(max(version), 0) FROM schema_versions`
+	insertVersion  = `INSERT INTO schema_versions (version) VALUES ($1)`
+	// The versions table is missing until a daemon first opened the
+	// database: a read-only open asks before it reads.
+	selectHasVersions = `SELECT to_regclass('schema_versions') IS NOT NULL`
+	selectHasTables   = `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_versions'`
 )
 
 type migration struct {
@@ -90,6 +93,20 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
+}
+
+// schemaVersion reads the journal's schema version without creating
+// anything: 0 when there is no journal.
+func schemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, selectHasVersions).Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	var v int
+	if err := pool.QueryRow(ctx, selectVersion).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
 }
 
 func apply(ctx context.Context, pool *pgxpool.Pool, m migration) error {

@@ -7,6 +7,61 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 )
 
+// selectStatus reads every figure of every principal in one statement, so
+// they come from one snapshot; the outbox states are journal.DeliveryState's.
+const selectStatus = `SELECT p.agent, p.user_id, p.sync_token <> '', p.sync_token_ms,
+		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id),
+		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id AND j.state = 0),
+		(SELECT count(*) FROM rooms r JOIN visible_messages v ON v.room = r.id WHERE r.principal = p.id),
+		coalesce(o.queued, 0), coalesce(o.attempted, 0), coalesce(o.acknowledged, 0),
+		coalesce(o.failed, 0), coalesce(o.retired, 0),
+		(SELECT count(*) FROM owed_departure_reports d WHERE d.principal = p.id)
+	FROM principals p
+	LEFT JOIN (SELECT principal,
+			count(*) FILTER (WHERE state = 0) AS queued, count(*) FILTER (WHERE state = 1) AS attempted,
+			count(*) FILTER (WHERE state = 2) AS acknowledged, count(*) FILTER (WHERE state = 3) AS failed,
+			count(*) FILTER (WHERE state = 4) AS retired
+		FROM delivery_outbox GROUP BY principal) o ON o.principal = p.id
+	ORDER BY p.agent, p.user_id`
+
+// selectSize is the space the journal's tables and indexes take in the
+// schema it lives in.
+const selectSize = `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = current_schema() AND c.relkind = 'r'`
+
+// Status summarises every principal. It counts rows, so it is an operator
+// command, not a hot path.
+func (s *Store) Status(ctx context.Context) ([]journal.PrincipalStatus, error) {
+	rows, err := s.pool.Query(ctx, selectStatus)
+	if err != nil {
+		return nil, fmt.Errorf("read status: %w", err)
+	}
+	defer rows.Close()
+	var out []journal.PrincipalStatus
+	for rows.Next() {
+		var st journal.PrincipalStatus
+		if err := rows.Scan(&st.Agent, &st.UserID, &st.HasSyncToken, &st.SyncTokenMS, &st.Events, &st.Pending, &st.Visible,
+			&st.Queued, &st.Attempted, &st.Acknowledged, &st.Failed, &st.Retired, &st.OwedDepartures); err != nil {
+			return nil, fmt.Errorf("read status: %w", err)
+		}
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read status: %w", err)
+	}
+	return out, nil
+}
+
+// Size is the bytes the journal's tables and their indexes take.
+func (s *Store) Size(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, selectSize).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read size: %w", err)
+	}
+	return n, nil
+}
+
 // selectBacklog counts what each principal still owes through the partial
 // indexes on pending events and unacknowledged deliveries: it is read at
 // every metrics scrape, so it never scans the whole journal or outbox.

@@ -64,39 +64,17 @@ func (db *DB) Backlogs(ctx context.Context) ([]journal.Backlog, error) {
 	return out, nil
 }
 
-// PrincipalStatus summarises one principal's rows.
-type PrincipalStatus struct {
-	Agent, UserID string
-	Events        int64 // journal rows
-	Pending       int64 // actionable events not yet settled
-	Visible       int64 // visible messages
-	// The outbox's rows by state (journal.DeliveryState): never attempted,
-	// attempted and not yet acknowledged, acknowledged, permanently
-	// refused, and retired unsent.
-	Queued, Attempted, Acknowledged, Failed, Retired int64
-	// OwedDepartures counts the local leaves whose sync-reported echo is
-	// still owed.
-	OwedDepartures int64
-	// HasSyncToken reports whether a sync has completed and stored its
-	// token.
-	HasSyncToken bool
-	// SyncTokenMS is when the sync token was stored, in unix milliseconds:
-	// the time of the last completed sync. 0 when not known: no token, or
-	// one stored by a mindroomd that did not keep the time.
-	SyncTokenMS int64
-}
-
 // Status summarises every principal. It counts rows, so it is an operator
 // command, not a hot path.
-func (db *DB) Status(ctx context.Context) ([]PrincipalStatus, error) {
+func (db *DB) Status(ctx context.Context) ([]journal.PrincipalStatus, error) {
 	rows, err := db.readers.QueryContext(ctx, selectStatus)
 	if err != nil {
 		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
 	}
 	defer rows.Close()
-	var out []PrincipalStatus
+	var out []journal.PrincipalStatus
 	for rows.Next() {
-		var s PrincipalStatus
+		var s journal.PrincipalStatus
 		if err := rows.Scan(&s.Agent, &s.UserID, &s.HasSyncToken, &s.SyncTokenMS, &s.Events, &s.Pending, &s.Visible,
 			&s.Queued, &s.Attempted, &s.Acknowledged, &s.Failed, &s.Retired, &s.OwedDepartures); err != nil {
 			return nil, fmt.Errorf("read status: %w", err)

@@ -17,7 +17,7 @@ import (
 const statusRoom = "!status:example.org"
 
 // statusOf reads the status of the principal agent from db.
-func statusOf(t *testing.T, db *sqlitefs.DB, agent string) sqlitefs.PrincipalStatus {
+func statusOf(t *testing.T, db *sqlitefs.DB, agent string) journal.PrincipalStatus {
 	t.Helper()
 	st, err := db.Status(context.Background())
 	if err != nil {
@@ -29,7 +29,7 @@ func statusOf(t *testing.T, db *sqlitefs.DB, agent string) sqlitefs.PrincipalSta
 		}
 	}
 	t.Fatalf("status has no principal %s: %+v", agent, st)
-	return sqlitefs.PrincipalStatus{}
+	return journal.PrincipalStatus{}
 }
 
 // Each sync batch stores its token with the batch's time, which is the
@@ -144,12 +144,12 @@ func TestStatusCountsTheOutboxByStateAndTheOwedDepartureEchoes(t *testing.T) {
 	s, _ := testsupport.MustOpen(t)
 	outboxFixture(t, s)
 	got := statusOf(t, s.DB(), "helper")
-	want := sqlitefs.PrincipalStatus{Agent: "helper", UserID: "@helper:example.org", Events: 15, Pending: 0, Visible: 15,
+	want := journal.PrincipalStatus{Agent: "helper", UserID: "@helper:example.org", Events: 15, Pending: 0, Visible: 15,
 		Queued: 1, Attempted: 2, Acknowledged: 3, Failed: 4, Retired: 5, OwedDepartures: 2}
 	if got != want {
 		t.Fatalf("status =\n%+v, want\n%+v", got, want)
 	}
-	if got := statusOf(t, s.DB(), "quiet"); got != (sqlitefs.PrincipalStatus{Agent: "quiet", UserID: "@quiet:example.org"}) {
+	if got := statusOf(t, s.DB(), "quiet"); got != (journal.PrincipalStatus{Agent: "quiet", UserID: "@quiet:example.org"}) {
 		t.Fatalf("quiet's status = %+v, want nothing counted: helper's rows are not its", got)
 	}
 }

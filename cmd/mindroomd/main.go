@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -180,9 +181,12 @@ type Main struct {
 	now     func() time.Time
 	command string
 	storage string
-	config  string
-	to      string
-	export  exportOptions
+	// dbURLFile names a file holding the PostgreSQL URL of a journal kept
+	// there, for status.
+	dbURLFile string
+	config    string
+	to        string
+	export    exportOptions
 }
 
 // NewMain returns a Main writing its output to out, and the daemon's log
@@ -215,6 +219,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		fs.StringVar(&m.config, "config", "mindroom.yaml", "the configuration file")
 	case "status":
 		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
+		fs.StringVar(&m.dbURLFile, "database-url-file", "",
+			"a file holding the PostgreSQL URL of a journal kept there (env "+config.EnvDatabaseURL+" holds the URL itself)")
 	case "backup":
 		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
 		fs.StringVar(&m.to, "to", "", "the backup file to create (required; never overwritten)")
@@ -260,6 +266,13 @@ func (m *Main) Run(ctx context.Context) error {
 		_, err := fmt.Fprintln(m.out, "mindroomd", version)
 		return err
 	case "status":
+		url, err := databaseURL(m.dbURLFile)
+		if err != nil {
+			return err
+		}
+		if url != "" {
+			return runStatusPostgres(ctx, m.out, url, m.now)
+		}
 		return runStatus(ctx, m.out, m.storage, m.now)
 	case "export":
 		return runExport(ctx, m.out, m.errOut, m.export)
@@ -269,6 +282,24 @@ func (m *Main) Run(ctx context.Context) error {
 		return runBackup(ctx, m.out, m.storage, m.to)
 	}
 	return nil
+}
+
+// databaseURL is the PostgreSQL URL file holds, or else the one
+// MINDROOM_DATABASE_URL holds; "" when neither names one. The error never
+// repeats the URL.
+func databaseURL(file string) (string, error) {
+	if file == "" {
+		return os.Getenv(config.EnvDatabaseURL), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read the database URL: %w", err)
+	}
+	url := strings.TrimSpace(string(data))
+	if url == "" {
+		return "", fmt.Errorf("the database URL file %s is empty", file)
+	}
+	return url, nil
 }
 
 // Close releases what Run opened; subcommands close their own resources.

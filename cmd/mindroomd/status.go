@@ -7,6 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
@@ -35,9 +37,38 @@ func runStatus(ctx context.Context, out io.Writer, storage string, now func() ti
 	if err != nil {
 		return err
 	}
-	at := now()
 	fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", db.Path, gen, sqlitefs.SchemaVersion())
 	fmt.Fprintf(out, "database %s, WAL %s\n\n", size(sz.Database), size(sz.WAL))
+	return writeStatus(out, st, now())
+}
+
+// runStatusPostgres is runStatus for a journal kept in PostgreSQL, read
+// in read-only sessions. Neither the URL nor its host is printed.
+func runStatusPostgres(ctx context.Context, out io.Writer, url string, now func() time.Time) error {
+	s, err := pgfs.Open(ctx, pgfs.Options{URL: url, ReadOnly: true, MaxConns: 1})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	gen, err := s.Generation(ctx)
+	if err != nil {
+		return err
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		return err
+	}
+	sz, err := s.Size(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "journal in PostgreSQL (generation %s, schema v%d)\n", gen, pgfs.SchemaVersion())
+	fmt.Fprintf(out, "tables and indexes %s\n\n", size(sz))
+	return writeStatus(out, st, now())
+}
+
+// writeStatus prints one line per principal.
+func writeStatus(out io.Writer, st []journal.PrincipalStatus, at time.Time) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tQUEUED\tATTEMPTED\tACKNOWLEDGED\tFAILED\tRETIRED\tOWED DEPARTURES\tSYNC TOKEN AGE")
 	for _, s := range st {
@@ -51,7 +82,7 @@ func runStatus(ctx context.Context, out io.Writer, storage string, now func() ti
 // "none" before its first completed sync, "unknown" for a token stored by
 // a mindroomd that did not keep the time. A time ahead of now (the clock
 // was set back) reads as 0s.
-func syncAge(s sqlitefs.PrincipalStatus, now time.Time) string {
+func syncAge(s journal.PrincipalStatus, now time.Time) string {
 	switch {
 	case !s.HasSyncToken:
 		return "none"

@@ -210,15 +210,15 @@ func TestASyncTokensAgeIsReadOffTheClock(t *testing.T) {
 	stored := testsupport.DefaultNow
 	for _, tc := range []struct {
 		name string
-		s    sqlitefs.PrincipalStatus
+		s    journal.PrincipalStatus
 		now  time.Time
 		want string
 	}{
-		{"NoToken", sqlitefs.PrincipalStatus{}, stored, "none"},
-		{"TimeUnknown", sqlitefs.PrincipalStatus{HasSyncToken: true}, stored, "unknown"},
-		{"JustNow", sqlitefs.PrincipalStatus{HasSyncToken: true, SyncTokenMS: stored.UnixMilli()}, stored, "0s"},
-		{"Hours", sqlitefs.PrincipalStatus{HasSyncToken: true, SyncTokenMS: stored.UnixMilli()}, stored.Add(26*time.Hour + 3*time.Minute + 700*time.Millisecond), "26h3m1s"},
-		{"ClockSetBack", sqlitefs.PrincipalStatus{HasSyncToken: true, SyncTokenMS: stored.UnixMilli()}, stored.Add(-time.Hour), "0s"},
+		{"NoToken", journal.PrincipalStatus{}, stored, "none"},
+		{"TimeUnknown", journal.PrincipalStatus{HasSyncToken: true}, stored, "unknown"},
+		{"JustNow", journal.PrincipalStatus{HasSyncToken: true, SyncTokenMS: stored.UnixMilli()}, stored, "0s"},
+		{"Hours", journal.PrincipalStatus{HasSyncToken: true, SyncTokenMS: stored.UnixMilli()}, stored.Add(26*time.Hour + 3*time.Minute + 700*time.Millisecond), "26h3m1s"},
+		{"ClockSetBack", journal.PrincipalStatus{HasSyncToken: true, SyncTokenMS: stored.UnixMilli()}, stored.Add(-time.Hour), "0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := syncAge(tc.s, tc.now); got != tc.want {

@@ -80,3 +80,27 @@ func external(raw string) (*Cluster, error) {
 	}
 	return c, nil
 }
+
+// Start is one test's own PostgreSQL: the server EnvURL names, or a
+// cluster (fsync off) launched in a directory of the test's and stopped
+// when it ends. For a package whose tests do not share one.
+func Start(tb testing.TB) *Cluster {
+	tb.Helper()
+	if raw := os.Getenv(EnvURL); raw != "" {
+		c, err := external(raw)
+		if err != nil {
+			tb.Fatalf("postgres from %s: %v", EnvURL, err)
+		}
+		return c
+	}
+	c, err := Launch(tb.TempDir(), false)
+	if err != nil {
+		tb.Fatalf("start postgres: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			tb.Errorf("stop postgres: %v", err)
+		}
+	})
+	return c
+}
