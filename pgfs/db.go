@@ -44,6 +44,9 @@ var (
 	ErrForeignDatabase = errors.New("the schema holds tables that are not a mindroomd journal")
 	// ErrNoJournal reports a database (or schema) holding no journal yet.
 	ErrNoJournal = errors.New("no mindroomd journal in this database")
+	// ErrUnknownPrincipal reports, on a read-only store, a principal the
+	// journal never registered.
+	ErrUnknownPrincipal = errors.New("the journal has no such principal")
 )
 
 // Options configure Open.
@@ -73,6 +76,7 @@ type Store struct {
 	log        zerolog.Logger
 	hints      *hint.Bus
 	generation string
+	readOnly   bool
 
 	stopListen context.CancelFunc
 	listening  sync.WaitGroup
@@ -95,7 +99,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, principals: make(map[journal.Principal]*View)}
+	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly,
+		principals: make(map[journal.Principal]*View)}
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -14,7 +14,8 @@ const (
 	insertPrincipal = `INSERT INTO principals (agent, user_id) VALUES ($1, $2)
 		ON CONFLICT (agent, user_id) DO UPDATE SET agent = excluded.agent
 		RETURNING id`
-	selectSyncToken = `SELECT sync_token FROM principals WHERE id = $1`
+	selectPrincipalID = `SELECT id FROM principals WHERE agent = $1 AND user_id = $2`
+	selectSyncToken   = `SELECT sync_token FROM principals WHERE id = $1`
 	// The token's time is the batch's: the time of the principal's last
 	// completed sync, whose age status reports.
 	updateSyncToken  = `UPDATE principals SET sync_token = $1, sync_token_ms = $2 WHERE id = $3`
@@ -29,7 +30,7 @@ type Principal struct {
 }
 
 // Principal implements journal.Store: the view bound to one principal,
-// registered on first use.
+// registered on first use (looked up alone on a read-only store).
 func (s *Store) Principal(ctx context.Context, agent, userID string) (journal.PrincipalStore, error) {
 	jp, err := journal.NewPrincipal(agent, userID)
 	if err != nil {
@@ -41,7 +42,17 @@ func (s *Store) Principal(ctx context.Context, agent, userID string) (journal.Pr
 		return v, nil
 	}
 	var id int64
-	if err := s.pool.QueryRow(ctx, insertPrincipal, agent, userID).Scan(&id); err != nil {
+	if s.readOnly {
+		// Nothing may be registered: a principal the journal never saw
+		// is an error.
+		err := s.pool.QueryRow(ctx, selectPrincipalID, agent, userID).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("%w: %s", ErrUnknownPrincipal, jp)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lookup principal: %w", err)
+		}
+	} else if err := s.pool.QueryRow(ctx, insertPrincipal, agent, userID).Scan(&id); err != nil {
 		return nil, fmt.Errorf("register principal: %w", err)
 	}
 	v := &View{s: s, p: Principal{Principal: jp, ID: id}}

@@ -20,6 +20,7 @@ import (
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
@@ -122,7 +123,11 @@ func runExport(ctx context.Context, out, errOut io.Writer, o exportOptions) erro
 	}
 	bw := bufio.NewWriter(out)
 	if o.offline {
-		err = exportOffline(ctx, bw, terminal(errOut), cfg.Storage, a.Principal(), o.room, o.threadOf(), o.format,
+		open := sqliteReader(cfg.Storage)
+		if cfg.DatabaseURL.IsSet() {
+			open = postgresReader(cfg.DatabaseURL.Reveal())
+		}
+		err = exportOffline(ctx, bw, terminal(errOut), open, a.Principal(), o.room, o.threadOf(), o.format,
 			journal.DefaultExportPage)
 	} else {
 		err = exportFromDaemon(ctx, bw, terminal(errOut), cfg, a, o)
@@ -316,29 +321,64 @@ func (r principalReader) Read(ctx context.Context, req journal.ReadRequest) (jou
 	return r.db.Read(ctx, r.p, req)
 }
 
-// exportOffline writes the conversation from the journal under storage,
-// opened read-only, byte for byte as the API's export route writes it
+// openReader opens a journal read-only and returns principal's reader of
+// it, and how to close it.
+type openReader func(ctx context.Context, principal journal.Principal) (journal.ConversationReader, func(), error)
+
+// sqliteReader reads the SQLite journal under storage.
+func sqliteReader(storage string) openReader {
+	return func(ctx context.Context, principal journal.Principal) (journal.ConversationReader, func(), error) {
+		db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
+		if err != nil {
+			return nil, nil, err
+		}
+		p, ok, err := db.LookupPrincipal(ctx, principal)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: %s (%s)", errNoPrincipal, principal.Agent, principal.UserID)
+		}
+		if err != nil {
+			_ = db.Close()
+			return nil, nil, err
+		}
+		return principalReader{db: db, p: p}, func() { _ = db.Close() }, nil
+	}
+}
+
+// postgresReader reads the journal kept in PostgreSQL at url, in
+// read-only sessions.
+func postgresReader(url string) openReader {
+	return func(ctx context.Context, principal journal.Principal) (journal.ConversationReader, func(), error) {
+		s, err := pgfs.Open(ctx, pgfs.Options{URL: url, ReadOnly: true, MaxConns: 2})
+		if err != nil {
+			return nil, nil, err
+		}
+		v, err := s.Principal(ctx, principal.Agent, principal.UserID)
+		if errors.Is(err, pgfs.ErrUnknownPrincipal) {
+			err = fmt.Errorf("%w: %s (%s)", errNoPrincipal, principal.Agent, principal.UserID)
+		}
+		if err != nil {
+			_ = s.Close()
+			return nil, nil, err
+		}
+		return v, func() { _ = s.Close() }, nil
+	}
+}
+
+// exportOffline writes the conversation from the journal open opens
+// read-only, byte for byte as the API's export route writes it
 // (api/export.go): the same two walks over pages of pageSize, the same
 // lines. It runs beside a daemon or without one.
-func exportOffline(ctx context.Context, out io.Writer, term io.Writer, storage string, principal journal.Principal,
+func exportOffline(ctx context.Context, out io.Writer, term io.Writer, open openReader, principal journal.Principal,
 	room string, thread *string, format string, pageSize int) error {
 	write, _, err := api.ExportFormat(format)
 	if err != nil {
 		return err
 	}
-	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
+	r, closeReader, err := open(ctx, principal)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	p, ok, err := db.LookupPrincipal(ctx, principal)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("%w: %s (%s)", errNoPrincipal, principal.Agent, principal.UserID)
-	}
-	r := principalReader{db: db, p: p}
+	defer closeReader()
 
 	// Pages come newest first; the plan keeps the newest page and the
 	// cursor of every older one, and the pages are written oldest first,

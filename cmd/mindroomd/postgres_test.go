@@ -118,6 +118,16 @@ func TestTheDaemonRunsOnPostgreSQLAndAnswersEachMessageOnceAcrossARestart(t *tes
 	if strings.Contains(out, dbPassword) {
 		t.Fatal("status printed the database password")
 	}
+	// An offline export reads the conversation from PostgreSQL too.
+	out, err = run(t, "export", "-config", cfg, "-offline", "-room", room)
+	if err != nil {
+		t.Fatalf("offline export: %v\n%s", err, out)
+	}
+	for _, want := range []string{`"hello"`, `"echo: hello"`, `"while away"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the offline export lacks %s:\n%s", want, out)
+		}
+	}
 	// The journal in PostgreSQL holds both messages, answered.
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dbURL)
