@@ -63,6 +63,9 @@ type Options struct {
 	Hints *hint.Bus
 	// MaxConns bounds the pool (default DefaultMaxConns).
 	MaxConns int32
+	// PageBudget bounds the memory of one conversation page; zero limits
+	// take the journal's defaults.
+	PageBudget journal.PageBudget
 	// ReadOnly opens the journal for reading alone, as status and an
 	// offline export do: nothing is migrated or written, no listener
 	// starts, and a journal of another schema version is refused.
@@ -77,6 +80,7 @@ type Store struct {
 	hints      *hint.Bus
 	generation string
 	readOnly   bool
+	budget     journal.PageBudget
 
 	stopListen context.CancelFunc
 	listening  sync.WaitGroup
@@ -99,7 +103,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly,
+	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget,
 		principals: make(map[journal.Principal]*View)}
 	if s.now == nil {
 		s.now = time.Now

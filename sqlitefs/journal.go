@@ -253,7 +253,7 @@ func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) 
 		read++
 		page.Next = e.Seq
 		e.Kind = journal.Kind(kind)
-		if err := checkPayload(payload, e.EventID); err != nil {
+		if err := journal.CheckPayload(payload, e.EventID); err != nil {
 			page.Unreadable = append(page.Unreadable, journal.UnreadableEvent{Seq: e.Seq, EventID: e.EventID, Err: err})
 			continue
 		}
@@ -265,20 +265,6 @@ func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) 
 	}
 	page.More = read == limit
 	return page, nil
-}
-
-// checkPayload confirms a stored payload is the event it claims to be.
-func checkPayload(payload, eventID string) error {
-	var e struct {
-		EventID string `json:"event_id"`
-	}
-	if err := json.Unmarshal([]byte(payload), &e); err != nil {
-		return fmt.Errorf("stored payload does not decode: %w", err)
-	}
-	if e.EventID != eventID {
-		return fmt.Errorf("stored payload names event %q", e.EventID)
-	}
-	return nil
 }
 
 // AdmittedThreadID reports whether p admitted eventID in room, and its

@@ -17,9 +17,6 @@ type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// MaxPageLimit bounds the rows one page may ask for.
-const MaxPageLimit = 10000
-
 // A page reads two sources in one statement, so one snapshot: the page
 // index (visible_page) newest-first with a row-value cursor, so the index
 // bounds the scan where the disjunctive spelling would filter; and the
@@ -186,25 +183,12 @@ func (s *pageScan) fill() error {
 	return s.rows.Err()
 }
 
-func validateRead(req journal.ReadRequest) (thread string, err error) {
-	if req.Limit <= 0 || req.Limit > MaxPageLimit {
-		return "", fmt.Errorf("%w: limit %d must be in 1..%d", journal.ErrInvalidArgument, req.Limit, MaxPageLimit)
-	}
-	if !journal.ValidRoomID(req.RoomID) {
-		return "", fmt.Errorf("%w: %q is not a room ID", journal.ErrInvalidArgument, req.RoomID)
-	}
-	if req.Before != nil && !journal.ValidEventID(req.Before.EventID) {
-		return "", fmt.Errorf("%w: cursor event %q is not an event ID", journal.ErrInvalidArgument, req.Before.EventID)
-	}
-	return journal.EncodeThread(req.Thread)
-}
-
 // Read returns one bounded page of a conversation for p, newest rows read
 // first and returned oldest first. A thread page ends with its root, exactly
 // once, on the last page. Rows owing a refetch are listed and omitted; they
 // count against the limit so a page is bounded by the rows it reads.
 func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (journal.Page, error) {
-	thread, err := validateRead(req)
+	thread, err := journal.ValidateRead(req)
 	if err != nil {
 		return journal.Page{}, err
 	}
@@ -237,14 +221,7 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	if err != nil {
 		return journal.Page{}, fmt.Errorf("read page: %w", err)
 	}
-	var (
-		page     journal.Page
-		newest   = make([]journal.Message, 0, min(req.Limit, 512)) // newest first
-		budget   = db.budget
-		read     int
-		cut      bool
-		lastRead journal.Cursor // the oldest row read: where a next page starts
-	)
+	b := journal.NewPageBuilder(req.Limit, db.budget)
 	scan := &pageScan{rows: rows, room: req.RoomID}
 	for {
 		r, ok, err := scan.next()
@@ -252,33 +229,14 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 			rows.Close()
 			return journal.Page{}, fmt.Errorf("read page: %w", err)
 		}
-		if !ok {
+		if !ok || !b.Add(r.m, r.visible) {
 			break
 		}
-		if read == req.Limit {
-			cut = true // a row beyond the limit exists
-			break
-		}
-		m, visible := r.m, r.visible
-		if visible && !budget.Admit(m.Content, len(newest) == 0) {
-			cut = true
-			break
-		}
-		read++
-		lastRead = journal.Cursor{CreatedTS: m.CreatedTS, EventID: m.EventID}
-		if !visible {
-			page.OwedRefetch = append(page.OwedRefetch, m.EventID)
-			continue
-		}
-		newest = append(newest, m)
 	}
 	if err := rows.Close(); err != nil {
 		return journal.Page{}, fmt.Errorf("read page: %w", err)
 	}
-	switch {
-	case cut:
-		page.NextCursor = &lastRead
-	case thread != "":
+	if thread != "" && !b.Full() {
 		// The replies are exhausted: the root closes the thread's last page,
 		// if it still fits.
 		root, visible, err := scanMessage(q.QueryRowContext(ctx, selectVisibleMessage, p.ID, IDHash(thread), thread, req.RoomID), req.RoomID)
@@ -286,17 +244,11 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return journal.Page{}, fmt.Errorf("read thread root: %w", err)
-		case read == req.Limit || (visible && !budget.Admit(root.Content, len(newest) == 0)):
-			page.NextCursor = &lastRead
-		case !visible:
-			page.OwedRefetch = append(page.OwedRefetch, root.EventID)
 		default:
-			newest = append(newest, root)
+			b.Add(root, visible)
 		}
 	}
-	slices.Reverse(newest)
-	page.Messages = newest
-	return page, nil
+	return b.Page(), nil
 }
 
 // LatestVisibleEventID returns the revision on screen of the newest message
@@ -341,15 +293,16 @@ func (db *DB) LatestVisibleEventID(ctx context.Context, p Principal, room string
 	if !found {
 		return "", false, nil
 	}
-	if bodyless && revision != logical {
+	id, err := journal.LatestVisibleID(logical, revision, bodyless, func() (bool, error) {
 		var one int
 		err := tx.QueryRowContext(ctx, selectTombstone, p.ID, room, revision).Scan(&one)
-		if err == nil {
-			return logical, true, nil // the revision on screen was redacted
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
 		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return "", false, fmt.Errorf("read latest event: %w", err)
-		}
+		return err == nil, err
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("read latest event: %w", err)
 	}
-	return revision, true, nil
+	return id, true, nil
 }

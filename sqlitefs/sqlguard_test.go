@@ -32,6 +32,7 @@ var sqlAllowed = map[string]string{
 	// TestMigrationTextComesOnlyFromTheEmbeddedFiles checks that nothing
 	// else writes the field.
 	"github.com/mindroomd/mindroomd/sqlitefs.apply: m.sql": "an embedded migration file",
+	"github.com/mindroomd/mindroomd/pgfs.apply: m.sql":     "an embedded migration file",
 }
 
 // sqlMethods are the names of the methods that take SQL text: database/sql's
@@ -170,18 +171,28 @@ func bad(ctx context.Context, db *sql.DB, s store, n int) {
 	}
 }
 
-// The allowed migration text is provably fixed: the field is written only
-// in the composite literal of migrations, from the embedded file system.
+// The allowed migration text is provably fixed: in each store the field
+// is written only in the composite literal of migrations, from the
+// embedded file system.
 func TestMigrationTextComesOnlyFromTheEmbeddedFiles(t *testing.T) {
 	mod := loadModule(t)
+	for _, c := range []struct{ path, source string }{
+		{"github.com/mindroomd/mindroomd/sqlitefs", "migrate.go"},
+		{"github.com/mindroomd/mindroomd/pgfs", "../pgfs/migrate.go"},
+	} {
+		t.Run(c.path, func(t *testing.T) { checkMigrationText(t, mod, c.path, c.source) })
+	}
+}
+
+func checkMigrationText(t *testing.T, mod *sourceModule, path, source string) {
 	var pkg *checkedPackage
 	for _, p := range mod.packages {
-		if p.types.Path() == "github.com/mindroomd/mindroomd/sqlitefs" {
+		if p.types.Path() == path {
 			pkg = p
 		}
 	}
 	if pkg == nil {
-		t.Fatal("package sqlitefs not loaded")
+		t.Fatalf("package %s not loaded", path)
 	}
 	obj := pkg.types.Scope().Lookup("migration")
 	if obj == nil {
@@ -236,7 +247,7 @@ func TestMigrationTextComesOnlyFromTheEmbeddedFiles(t *testing.T) {
 		t.Errorf("migration.sql is written in %d composite literals, want the one in migrations", writes)
 	}
 	body := regexp.MustCompile(`body, err := migrationFS\.ReadFile\(`)
-	src, err := os.ReadFile("migrate.go")
+	src, err := os.ReadFile(source)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,8 +83,6 @@ func urlPart(t *testing.T, rawURL string, part func(*url.URL) string) string {
 
 func searchPath(u *url.URL) string { return u.Query().Get("search_path") }
 
-func databaseName(u *url.URL) string { return strings.TrimPrefix(u.Path, "/") }
-
 func TestTwoSchemasDoNotSeeEachOthersTables(t *testing.T) {
 	t.Parallel()
 	a := connect(t, cluster.Schema(t))
@@ -137,42 +135,6 @@ func TestASchemaIsDroppedWhenItsTestEnds(t *testing.T) {
 	})
 	if scan[bool](t, admin, schemaExists, name) {
 		t.Errorf("schema %s outlived its test", name)
-	}
-}
-
-func TestDatabasesAreSeparateAndDroppedWhenTheirTestEnds(t *testing.T) {
-	t.Parallel()
-	admin := connect(t, cluster.URL())
-	var names []string
-	var leftOpen *pgx.Conn
-	t.Run("a test with two databases", func(t *testing.T) {
-		ua, ub := cluster.Database(t), cluster.Database(t)
-		names = []string{urlPart(t, ua, databaseName), urlPart(t, ub, databaseName)}
-		a, b := connect(t, ua), connect(t, ub)
-		if got := scan[string](t, a, currentDatabase); got != names[0] {
-			t.Errorf("connected to %q, want %q", got, names[0])
-		}
-		exec(t, a, createItems)
-		if scan[bool](t, b, itemsExist) {
-			t.Error("a table made in one database is visible in another")
-		}
-		// Still open when the database is dropped.
-		var err error
-		if leftOpen, err = pgx.Connect(t.Context(), ua); err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-	})
-	if leftOpen == nil {
-		t.Fatal("the subtest failed before opening its last connection")
-	}
-	defer leftOpen.Close(context.Background())
-	for _, name := range names {
-		if scan[bool](t, admin, databaseExists, name) {
-			t.Errorf("database %s outlived its test", name)
-		}
-	}
-	if err := leftOpen.Ping(t.Context()); err == nil {
-		t.Error("a connection to a dropped database still answers")
 	}
 }
 

@@ -26,17 +26,6 @@ $$`
 	dropSchema   = `SELECT pg_temp.ddl('DROP SCHEMA IF EXISTS %I CASCADE', $1)`
 )
 
-// CREATE DATABASE and DROP DATABASE cannot run inside a function (nor any
-// transaction), so the name is appended to these, quoted by
-// pgx.Identifier.Sanitize. That is safe because the name never comes from
-// a caller: newName makes it from a letter, digits, hex digits and
-// underscores alone.
-const (
-	createDatabase     = `CREATE DATABASE `
-	dropDatabase       = `DROP DATABASE IF EXISTS `
-	dropDatabaseForced = ` WITH (FORCE)`
-)
-
 // Schema makes a fresh schema in the cluster's default database for tb
 // and returns a URL of that database whose connections have search_path
 // set to the schema alone, so a test's unqualified tables are its own.
@@ -64,32 +53,6 @@ func (c *Cluster) Schema(tb testing.TB) string {
 	q := u.Query()
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-// Database makes a fresh database in the cluster for tb and returns its
-// URL, for a test that needs more than a schema keeps apart, such as
-// LISTEN and NOTIFY, whose channels are per database. It is dropped when
-// tb ends, ending any connection still open to it.
-func (c *Cluster) Database(tb testing.TB) string {
-	tb.Helper()
-	name := c.newName("d")
-	quoted := pgx.Identifier{name}.Sanitize()
-	ctx, cancel := context.WithTimeout(tb.Context(), adminTimeout)
-	defer cancel()
-	if err := c.exec(ctx, createDatabase+quoted); err != nil {
-		tb.Fatalf("create database %s on %s: %v", name, c.addr, err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-		defer cancel()
-		if err := c.exec(ctx, dropDatabase+quoted+dropDatabaseForced); err != nil {
-			tb.Errorf("drop database %s on %s: %v", name, c.addr, err)
-		}
-	})
-	u := c.parsedURL(tb)
-	u.Path = "/" + name
-	u.RawPath = ""
 	return u.String()
 }
 
@@ -123,16 +86,5 @@ func (c *Cluster) ddl(ctx context.Context, stmt, name string) error {
 		return err
 	}
 	_, err = conn.Exec(ctx, stmt, name)
-	return err
-}
-
-// exec runs stmt on a new connection.
-func (c *Cluster) exec(ctx context.Context, stmt string) error {
-	conn, err := pgx.Connect(ctx, c.url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, stmt)
 	return err
 }
