@@ -118,7 +118,7 @@ func TestDeliveryIsScopedToTheMembershipThatAuthorizedIt(t *testing.T, f Factory
 		// In flight while the membership ended: the send may have happened,
 		// so it is recorded, but nothing of the old membership is shown.
 		same(t, "membership", x.membership(x.v, dRoom), "epoch 1, out")
-		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true})
+		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true, RoomID: dRoom})
 		same(t, "turn", x.turnFor(x.v, "$q1"), "turn-1 2 $a1")
 		same(t, "screen", x.screen(x.v, dRoom), []string{})
 		x.join(x.v, dRoom, "")
@@ -138,7 +138,7 @@ func TestDeliveryIsScopedToTheMembershipThatAuthorizedIt(t *testing.T, f Factory
 		same(t, "outcome", res.Outcome, journal.EnqueueFrozen)
 		same(t, "epoch", res.Epoch, int64(0))
 		same(t, "txn", res.TxnID, first.TxnID)
-		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true})
+		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true, RoomID: dRoom})
 		same(t, "screen", x.screen(x.v, dRoom), []string{"$n1:after rejoining"})
 		same(t, "content", string(x.delivery(x.v, "d1", journal.StageFinal).Content), string(dBody("answer")))
 	})
@@ -181,7 +181,7 @@ func TestDeliveryIsScopedToTheMembershipThatAuthorizedIt(t *testing.T, f Factory
 		same(t, "scan", x.unacked(x.v), []string{"d2/final"})
 		x.enqueue(x.v, answer("d3", journal.StageFinal, dRoom2, "more", "$r2"))
 		x.claim(x.v, "d2", journal.StageFinal)
-		same(t, "ack there", x.ack(x.v, "d2", journal.StageFinal, "$a2"), journal.AckResult{EventID: "$a2", First: true, Projected: true})
+		same(t, "ack there", x.ack(x.v, "d2", journal.StageFinal, "$a2"), journal.AckResult{EventID: "$a2", First: true, RoomID: dRoom2, Projected: true})
 	})
 }
 
@@ -603,7 +603,7 @@ func TestMembershipFence(t *testing.T, f Factory) {
 		same(t, "screen", x.screen(x.v, dRoom), []string{"$n1:new question"})
 		same(t, "scan", x.unacked(x.v), []string{"d1/final", "d2/final"})
 		x.claim(x.v, "d1", journal.StageFinal)
-		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true, Projected: true})
+		same(t, "ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"), journal.AckResult{EventID: "$a1", First: true, RoomID: dRoom, Projected: true})
 		same(t, "screen with the answer", x.screen(x.v, dRoom), []string{"$n1:new question", "$a1:answer"})
 	})
 

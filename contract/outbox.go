@@ -239,7 +239,7 @@ func TestOutbox(t *testing.T, f Factory) {
 		x.claim(x.v, "d1", journal.StageFinal)
 
 		first := x.ack(x.v, "d1", journal.StageFinal, "$a1")
-		same(t, "first ack", first, journal.AckResult{EventID: "$a1", First: true, Projected: true})
+		same(t, "first ack", first, journal.AckResult{EventID: "$a1", First: true, RoomID: dRoom, Projected: true})
 		rec, ok := x.turn(x.v, "turn-1")
 		if !ok {
 			t.Fatalf("turn-1 vanished")
@@ -284,7 +284,7 @@ func TestOutbox(t *testing.T, f Factory) {
 		x.fail(x.v, "d1", journal.StageFinal, "M_FORBIDDEN", true)
 		same(t, "failed state", x.state(x.v, "d1", journal.StageFinal), "failed")
 		got := x.ack(x.v, "d1", journal.StageFinal, "$a1")
-		same(t, "ack", got, journal.AckResult{EventID: "$a1", First: true, Projected: true})
+		same(t, "ack", got, journal.AckResult{EventID: "$a1", First: true, RoomID: dRoom, Projected: true})
 		d := x.delivery(x.v, "d1", journal.StageFinal)
 		same(t, "state", d.State, journal.DeliveryAcknowledged)
 		same(t, "last error", d.LastError, "")

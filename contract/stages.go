@@ -63,7 +63,7 @@ func TestInitialAndFinalStages(t *testing.T, f Factory) {
 		x.enqueue(x.v, answer("d1", journal.StageInitial, dRoom, "thinking", "$q1"))
 		x.claim(x.v, "d1", journal.StageInitial)
 		same(t, "initial ack", x.ack(x.v, "d1", journal.StageInitial, "$p1"),
-			journal.AckResult{EventID: "$p1", First: true, Projected: true})
+			journal.AckResult{EventID: "$p1", First: true, RoomID: dRoom, Projected: true})
 		same(t, "screen with placeholder", x.screen(x.v, dRoom), []string{"$q1:question", "$p1:thinking"})
 
 		x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "answer"))
@@ -81,7 +81,7 @@ func TestInitialAndFinalStages(t *testing.T, f Factory) {
 		x.restart()
 		same(t, "replaces after restart", x.claim(x.v, "d1", journal.StageFinal).ReplacesEventID, "$p1")
 		same(t, "final ack", x.ack(x.v, "d1", journal.StageFinal, "$a1"),
-			journal.AckResult{EventID: "$a1", First: true, Projected: true})
+			journal.AckResult{EventID: "$a1", First: true, RoomID: dRoom, Projected: true})
 		// One message on screen: the placeholder now shows the answer.
 		same(t, "screen", x.screen(x.v, dRoom), []string{"$q1:question", "$p1:answer"})
 	})

@@ -239,6 +239,9 @@ type AckResult struct {
 	EventID string
 	// First is true when this call wrote the acknowledgement.
 	First bool
+	// RoomID is the delivery's room, set when First: the room whose
+	// readers a commit of the acknowledgement wakes.
+	RoomID string
 	// Projected is true when the delivered event was installed in the
 	// visible projection: only while its authorizing epoch is current, and
 	// only when the server's timestamp of the event is known.

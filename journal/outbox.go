@@ -34,6 +34,9 @@ type OutboxStore interface {
 	MarkAttempted(d Delivery, deviceID, replaces string) error
 	// MarkRetired retires d if it was never attempted.
 	MarkRetired(d Delivery) error
+	// MarkFailed records a failed attempt of d, a row not yet
+	// acknowledged; permanent takes it out of recovery.
+	MarkFailed(d Delivery, reason string, permanent bool) error
 	// MarkAcknowledged records the event ID the homeserver returned.
 	MarkAcknowledged(d Delivery, eventID string) error
 	// AssignDevice moves the attempted row d to deviceID.
@@ -57,6 +60,34 @@ func load(s OutboxStore, deliveryID string, stage Stage) (Delivery, error) {
 		return d, fmt.Errorf("%w: %s/%s", ErrNoDelivery, deliveryID, stage)
 	}
 	return d, nil
+}
+
+// DefaultEventType is the event type of a reply that names none.
+const DefaultEventType = "m.room.message"
+
+// StageColumns are the stored forms of a request's thread and event type.
+func StageColumns(req EnqueueRequest) (thread, eventType string, err error) {
+	if thread, err = EncodeThread(req.Thread); err != nil {
+		return "", "", err
+	}
+	eventType = req.EventType
+	if eventType == "" {
+		eventType = DefaultEventType
+	}
+	return thread, eventType, nil
+}
+
+// FailStage records a failed send of a stage. A permanent failure takes
+// the row out of recovery; an acknowledged row is never failed afterwards.
+func FailStage(s OutboxStore, deliveryID string, stage Stage, reason string, permanent bool) error {
+	d, err := load(s, deliveryID, stage)
+	if err != nil {
+		return err
+	}
+	if err := s.MarkFailed(d, reason, permanent); err != nil {
+		return fmt.Errorf("fail: %w", err)
+	}
+	return nil
 }
 
 func validStage(s Stage) error {
@@ -233,7 +264,7 @@ func AcknowledgeStage(s OutboxStore, deliveryID string, stage Stage, sent Sent) 
 	if err := s.MarkAcknowledged(d, sent.EventID); err != nil {
 		return AckResult{}, fmt.Errorf("acknowledge: %w", err)
 	}
-	res := AckResult{EventID: sent.EventID, First: true}
+	res := AckResult{EventID: sent.EventID, First: true, RoomID: d.RoomID}
 	if d.TurnID != "" && stage == StageFinal {
 		if err := s.CompleteTurn(d.TurnID, sent.EventID); err != nil {
 			return AckResult{}, fmt.Errorf("complete turn: %w", err)

@@ -82,6 +82,17 @@ func (m *memOutbox) MarkAcknowledged(d journal.Delivery, eventID string) error {
 	r.State, r.EventID = journal.DeliveryAcknowledged, eventID
 	return nil
 }
+func (m *memOutbox) MarkFailed(d journal.Delivery, reason string, permanent bool) error {
+	r := m.rows[rowKey(d.DeliveryID, d.Stage)]
+	if r.State != journal.DeliveryQueued && r.State != journal.DeliveryAttempted {
+		return nil
+	}
+	r.LastError = reason
+	if permanent {
+		r.State = journal.DeliveryFailed
+	}
+	return nil
+}
 func (m *memOutbox) AssignDevice(d journal.Delivery, device string) error {
 	m.rows[rowKey(d.DeliveryID, d.Stage)].DeviceID = device
 	return nil
@@ -107,6 +118,43 @@ func reply(id string, stage journal.Stage, sources ...string) journal.EnqueueReq
 }
 
 func TestTheOutboxRules(t *testing.T) {
+	t.Run("AFailureIsRecordedOnAKnownStageAndAPermanentOneTakesItOutOfRecovery", func(t *testing.T) {
+		m := newMemOutbox()
+		if err := journal.FailStage(m, "nope", journal.StageFinal, "gone", true); !errors.Is(err, journal.ErrNoDelivery) {
+			t.Fatalf("failing a stage never enqueued: %v, want %v", err, journal.ErrNoDelivery)
+		}
+		if _, err := journal.EnqueueStage(m, outboxPrincipal, reply("d1", journal.StageFinal, "$q")); err != nil {
+			t.Fatal(err)
+		}
+		if err := journal.FailStage(m, "d1", journal.StageFinal, "timeout", false); err != nil {
+			t.Fatal(err)
+		}
+		if r := m.rows[rowKey("d1", journal.StageFinal)]; r.State != journal.DeliveryQueued || r.LastError != "timeout" {
+			t.Fatalf("after a passing failure the row is %v %q, want queued with its reason", r.State, r.LastError)
+		}
+		if err := journal.FailStage(m, "d1", journal.StageFinal, "forbidden", true); err != nil {
+			t.Fatal(err)
+		}
+		if r := m.rows[rowKey("d1", journal.StageFinal)]; r.State != journal.DeliveryFailed {
+			t.Fatalf("after a permanent failure the row is %v, want failed", r.State)
+		}
+	})
+	t.Run("AnAcknowledgementNamesTheRoomItsCommitWakes", func(t *testing.T) {
+		m := newMemOutbox()
+		if _, err := journal.EnqueueStage(m, outboxPrincipal, reply("d2", journal.StageFinal, "$q")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := journal.ClaimStage(m, "d2", journal.StageFinal, "DEV"); err != nil {
+			t.Fatal(err)
+		}
+		res, err := journal.AcknowledgeStage(m, "d2", journal.StageFinal, journal.Sent{EventID: "$sent"})
+		if err != nil || !res.First || res.RoomID != outboxRoom {
+			t.Fatalf("first acknowledgement = %+v, %v; want First in %s", res, err, outboxRoom)
+		}
+		if res, err = journal.AcknowledgeStage(m, "d2", journal.StageFinal, journal.Sent{EventID: "$sent"}); err != nil || res.First || res.RoomID != "" {
+			t.Fatalf("a repeated acknowledgement = %+v, %v; want nothing to wake", res, err)
+		}
+	})
 	t.Run("AnEnqueueSettlesItsSourcesAndAReplayOfAnAttemptedStageIsFrozen", func(t *testing.T) {
 		m := newMemOutbox()
 		res, err := journal.EnqueueStage(m, outboxPrincipal, reply("d1", journal.StageFinal, "$q"))

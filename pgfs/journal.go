@@ -3,7 +3,6 @@ package pgfs
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -219,8 +218,8 @@ func Settle(tx *Tx, p Principal, eventIDs []string) (int, error) {
 // payload cannot be decoded is reported and skipped; the page still
 // advances past it.
 func (s *Store) pending(ctx context.Context, p Principal, limit int, after int64) (journal.PendingPage, error) {
-	if limit <= 0 {
-		return journal.PendingPage{}, fmt.Errorf("%w: limit must be positive", journal.ErrInvalidArgument)
+	if err := journal.CheckPendingLimit(limit); err != nil {
+		return journal.PendingPage{}, err
 	}
 	rows, err := s.pool.Query(ctx, selectPending, p.ID, after, limit)
 	if err != nil {
@@ -228,7 +227,6 @@ func (s *Store) pending(ctx context.Context, p Principal, limit int, after int64
 	}
 	defer rows.Close()
 	page := journal.PendingPage{Next: after}
-	read := 0
 	for rows.Next() {
 		var (
 			e       journal.PendingEvent
@@ -238,20 +236,13 @@ func (s *Store) pending(ctx context.Context, p Principal, limit int, after int64
 		if err := rows.Scan(&e.Seq, &e.EventID, &e.RoomID, &kind, &e.Epoch, &payload); err != nil {
 			return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
 		}
-		read++
-		page.Next = e.Seq
 		e.Kind = journal.Kind(kind)
-		if err := journal.CheckPayload(payload, e.EventID); err != nil {
-			page.Unreadable = append(page.Unreadable, journal.UnreadableEvent{Seq: e.Seq, EventID: e.EventID, Err: err})
-			continue
-		}
-		e.Event = json.RawMessage(payload)
-		page.Events = append(page.Events, e)
+		page.Add(e, payload)
 	}
 	if err := rows.Err(); err != nil {
 		return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
 	}
-	page.More = read == limit
+	page.Filled(limit)
 	return page, nil
 }
 

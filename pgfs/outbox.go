@@ -12,9 +12,6 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 )
 
-// defaultEventType is the event type of a reply that does not name one.
-const defaultEventType = "m.room.message"
-
 const (
 	deliveryColumns = `id, created_ms, delivery_id, stage, room_id, thread_id, txn_id, turn_id, event_type,
 		payload_json, replaces_event_id, epoch, state, device_id, attempts, event_id, last_error`
@@ -113,21 +110,9 @@ func (o outbox) Source(eventID string) (string, int64, bool, error) {
 	return room, epoch, err == nil, err
 }
 
-// stageColumns are the stored forms of a request's thread and event type.
-func stageColumns(req journal.EnqueueRequest) (thread, eventType string, err error) {
-	if thread, err = journal.EncodeThread(req.Thread); err != nil {
-		return "", "", err
-	}
-	eventType = req.EventType
-	if eventType == "" {
-		eventType = defaultEventType
-	}
-	return thread, eventType, nil
-}
-
 // InsertStage implements journal.OutboxStore.
 func (o outbox) InsertStage(req journal.EnqueueRequest, txnID string, epoch int64) error {
-	thread, eventType, err := stageColumns(req)
+	thread, eventType, err := journal.StageColumns(req)
 	if err != nil {
 		return err
 	}
@@ -139,7 +124,7 @@ func (o outbox) InsertStage(req journal.EnqueueRequest, txnID string, epoch int6
 
 // UpdateStage implements journal.OutboxStore.
 func (o outbox) UpdateStage(d journal.Delivery, req journal.EnqueueRequest, epoch int64) error {
-	thread, eventType, err := stageColumns(req)
+	thread, eventType, err := journal.StageColumns(req)
 	if err != nil {
 		return err
 	}
@@ -163,6 +148,12 @@ func (o outbox) MarkAttempted(d journal.Delivery, deviceID, replaces string) err
 // MarkRetired implements journal.OutboxStore.
 func (o outbox) MarkRetired(d journal.Delivery) error {
 	_, err := o.tx.exec(retireDelivery, o.tx.nowMS(), d.Position)
+	return err
+}
+
+// MarkFailed implements journal.OutboxStore.
+func (o outbox) MarkFailed(d journal.Delivery, reason string, permanent bool) error {
+	_, err := o.tx.exec(failDelivery, permanent, reason, o.tx.nowMS(), d.Position)
 	return err
 }
 
@@ -215,30 +206,16 @@ func AdoptDevice(tx *Tx, p Principal, deliveryID string, stage journal.Stage, de
 // Acknowledge records the server's record of a sent stage
 // (journal.AcknowledgeStage).
 func Acknowledge(tx *Tx, p Principal, deliveryID string, stage journal.Stage, sent journal.Sent) (journal.AckResult, []hint.Hint, error) {
-	o := outbox{tx, p}
-	res, err := journal.AcknowledgeStage(o, deliveryID, stage, sent)
+	res, err := journal.AcknowledgeStage(outbox{tx, p}, deliveryID, stage, sent)
 	if err != nil || !res.First {
 		return res, nil, err
 	}
-	d, _, err := o.Delivery(deliveryID, stage)
-	if err != nil {
-		return res, nil, err
-	}
-	return res, []hint.Hint{{Principal: p.String(), Room: d.RoomID}}, nil
+	return res, []hint.Hint{{Principal: p.String(), Room: res.RoomID}}, nil
 }
 
-// Fail records a failed send. A permanent failure takes the row out of
-// recovery; an acknowledged row is never failed afterwards.
+// Fail records a failed send (journal.FailStage).
 func Fail(tx *Tx, p Principal, deliveryID string, stage journal.Stage, reason string, permanent bool) error {
-	d, ok, err := outbox{tx, p}.Delivery(deliveryID, stage)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("%w: %s/%s", journal.ErrNoDelivery, deliveryID, stage)
-	}
-	_, err = tx.exec(failDelivery, permanent, reason, tx.nowMS(), d.Position)
-	return err
+	return journal.FailStage(outbox{tx, p}, deliveryID, stage, reason, permanent)
 }
 
 // Retire withdraws a stage that was never attempted (journal.RetireStage).

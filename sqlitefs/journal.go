@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -231,8 +230,8 @@ func Settle(tx *Tx, p Principal, eventIDs []string) (int, error) {
 // payload cannot be decoded is reported and skipped; the page still
 // advances past it.
 func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) (journal.PendingPage, error) {
-	if limit <= 0 {
-		return journal.PendingPage{}, fmt.Errorf("%w: limit must be positive", journal.ErrInvalidArgument)
+	if err := journal.CheckPendingLimit(limit); err != nil {
+		return journal.PendingPage{}, err
 	}
 	rows, err := db.readers.QueryContext(ctx, selectPending, p.ID, after, limit)
 	if err != nil {
@@ -240,7 +239,6 @@ func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) 
 	}
 	defer rows.Close()
 	page := journal.PendingPage{Next: after}
-	read := 0
 	for rows.Next() {
 		var (
 			e       journal.PendingEvent
@@ -250,20 +248,13 @@ func (db *DB) Pending(ctx context.Context, p Principal, limit int, after int64) 
 		if err := rows.Scan(&e.Seq, &e.EventID, &e.RoomID, &kind, &e.Epoch, &payload); err != nil {
 			return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
 		}
-		read++
-		page.Next = e.Seq
 		e.Kind = journal.Kind(kind)
-		if err := journal.CheckPayload(payload, e.EventID); err != nil {
-			page.Unreadable = append(page.Unreadable, journal.UnreadableEvent{Seq: e.Seq, EventID: e.EventID, Err: err})
-			continue
-		}
-		e.Event = json.RawMessage(payload)
-		page.Events = append(page.Events, e)
+		page.Add(e, payload)
 	}
 	if err := rows.Err(); err != nil {
 		return journal.PendingPage{}, fmt.Errorf("read pending: %w", err)
 	}
-	page.More = read == limit
+	page.Filled(limit)
 	return page, nil
 }
 

@@ -172,7 +172,7 @@ func TestAnAcknowledgedFinalAndItsCompletedTurnCommitTogether(t *testing.T) {
 			if err != nil {
 				t.Fatalf("acknowledge again: %v", err)
 			}
-			if want := (journal.AckResult{EventID: "$answer", First: true, Projected: true}); res != want {
+			if want := (journal.AckResult{EventID: "$answer", First: true, RoomID: room, Projected: true}); res != want {
 				t.Fatalf("acknowledge again = %+v, want %+v", res, want)
 			}
 			checkAckAndTurn(t, v, "after the acknowledgement", journal.DeliveryAcknowledged, "$answer", journal.TurnDelivered, "$answer")
