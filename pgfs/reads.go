@@ -23,10 +23,17 @@ const (
 	conversationRows = `FROM visible_messages v
 		WHERE v.room = (SELECT id FROM rooms WHERE principal = $1 AND room_id = $2)
 		AND v.thread_id = $3 AND v.event_id <> $3`
-	newestFirst   = ` ORDER BY v.created_ts DESC, v.event_id DESC`
-	readPageHead  = `SELECT ` + pageColumns + ` ` + conversationRows + newestFirst + ` LIMIT $4`
-	readPageAfter = `SELECT ` + pageColumns + ` ` + conversationRows + `
+	newestFirst = ` ORDER BY v.created_ts DESC, v.event_id DESC`
+	// PageQueryHead and PageQueryAfter are a conversation's newest page
+	// and a page older than a cursor; exported so a benchmark can run the
+	// reader's own statements bare.
+	PageQueryHead  = `SELECT ` + pageColumns + ` ` + conversationRows + newestFirst + ` LIMIT $4`
+	PageQueryAfter = `SELECT ` + pageColumns + ` ` + conversationRows + `
 		AND (v.created_ts, v.event_id) < ($5, $6)` + newestFirst + ` LIMIT $4`
+	// PageColumns and ConversationRows are the pieces the page queries
+	// share, for a benchmark's disjunctive variant.
+	PageColumns      = pageColumns
+	ConversationRows = conversationRows
 	// readThreadRoot finds a root through the journal's unique (principal,
 	// event_id): the page index does not lead with event_id.
 	readThreadRoot = `SELECT ` + pageColumns + ` FROM journal_events j
@@ -87,9 +94,9 @@ func (s *Store) read(ctx context.Context, p Principal, req journal.ReadRequest) 
 	}
 	var rows pgx.Rows
 	if req.Before == nil {
-		rows, err = q.Query(ctx, readPageHead, p.ID, req.RoomID, thread, req.Limit+1)
+		rows, err = q.Query(ctx, PageQueryHead, p.ID, req.RoomID, thread, req.Limit+1)
 	} else {
-		rows, err = q.Query(ctx, readPageAfter, p.ID, req.RoomID, thread, req.Limit+1,
+		rows, err = q.Query(ctx, PageQueryAfter, p.ID, req.RoomID, thread, req.Limit+1,
 			req.Before.CreatedTS, req.Before.EventID)
 	}
 	if err != nil {
