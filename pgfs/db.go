@@ -79,8 +79,10 @@ type Store struct {
 	log        zerolog.Logger
 	hints      *hint.Bus
 	generation string
-	readOnly   bool
-	budget     journal.PageBudget
+	// origin tells this store's notifications from other processes'.
+	origin   string
+	readOnly bool
+	budget   journal.PageBudget
 
 	stopListen context.CancelFunc
 	listening  sync.WaitGroup
@@ -103,7 +105,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget,
+	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget, origin: uuid.NewString(),
 		principals: make(map[journal.Principal]*View)}
 	if s.now == nil {
 		s.now = time.Now

@@ -22,16 +22,19 @@ const (
 // the payload.
 type notification struct {
 	Generation string `json:"g"`
-	Principal  string `json:"p"`
-	Room       string `json:"r,omitempty"`
-	Position   int64  `json:"n,omitempty"`
+	// Origin names the store that committed, which wakes its own
+	// subscribers at once and drops its own notification.
+	Origin    string `json:"o"`
+	Principal string `json:"p"`
+	Room      string `json:"r,omitempty"`
+	Position  int64  `json:"n,omitempty"`
 }
 
 // notify queues the hints in the transaction: PostgreSQL delivers them if,
 // and only when, it commits.
 func (s *Store) notify(t *Tx, hints []hint.Hint) error {
 	for _, h := range hints {
-		payload, err := json.Marshal(notification{Generation: s.generation, Principal: h.Principal, Room: h.Room, Position: h.Position})
+		payload, err := json.Marshal(notification{Generation: s.generation, Origin: s.origin, Principal: h.Principal, Room: h.Room, Position: h.Position})
 		if err != nil {
 			return err
 		}
@@ -108,7 +111,7 @@ func (s *Store) relay(ctx context.Context, conn *pgx.Conn) error {
 			return err
 		}
 		var note notification
-		if json.Unmarshal([]byte(n.Payload), &note) != nil || note.Generation != s.generation {
+		if json.Unmarshal([]byte(n.Payload), &note) != nil || note.Generation != s.generation || note.Origin == s.origin {
 			continue
 		}
 		s.hints.Publish([]hint.Hint{{Principal: note.Principal, Room: note.Room, Position: note.Position}})

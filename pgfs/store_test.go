@@ -325,3 +325,35 @@ func TestNoErrorOfOpeningRepeatsTheDatabasePassword(t *testing.T) {
 		t.Fatalf("the error shows the password: %v", err)
 	}
 }
+
+func TestAStoresOwnCommitWakesItsSubscribersOnceNotAgainThroughTheListener(t *testing.T) {
+	u := cluster.Schema(t)
+	s := mustOpen(t, u)
+	other := mustOpen(t, u)
+	p, q := view(t, s, "p", "@p:example.org"), view(t, other, "q", "@q:example.org")
+	subP := s.Hints().Subscribe(p.Principal().String())
+	defer subP.Close()
+	subQ := s.Hints().Subscribe(q.Principal().String())
+	defer subQ.Close()
+	for _, sub := range []*hint.Subscription{subP, subQ} {
+		select { // the wake of opening
+		case <-sub.C():
+		default:
+		}
+	}
+	if err := admit(t.Context(), p, "$own", 1000); err != nil {
+		t.Fatal(err)
+	}
+	awaitWake(t, subP, "the store's own commit")
+	// Notifications reach the listener in commit order: once q's commit
+	// in the other store has woken subQ, p's notification was handled.
+	if err := admit(t.Context(), q, "$theirs", 1000); err != nil {
+		t.Fatal(err)
+	}
+	awaitWake(t, subQ, "the other store's commit")
+	select {
+	case <-subP.C():
+		t.Fatal("the store's own commit woke its subscriber a second time, through the listener")
+	default:
+	}
+}
