@@ -18,6 +18,16 @@ type Hint struct {
 	Position int64
 }
 
+// ForRooms is one hint per room of principal, at the newest position a
+// commit wrote there.
+func ForRooms(principal string, newest map[string]int64) []Hint {
+	hints := make([]Hint, 0, len(newest))
+	for room, pos := range newest {
+		hints = append(hints, Hint{Principal: principal, Room: room, Position: pos})
+	}
+	return hints
+}
+
 // Bus fans hints out to subscriptions. The zero value is ready to use.
 type Bus struct {
 	mu   sync.Mutex

@@ -56,3 +56,16 @@ func TestWakeAllWakesEverySubscriptionWhateverItsPrincipal(t *testing.T) {
 		t.Fatal("WakeAll left a subscription asleep")
 	}
 }
+
+func TestForRoomsIsOneHintPerRoomAtItsNewestPosition(t *testing.T) {
+	got := hint.ForRooms("a@@a:x", map[string]int64{"!r1:x": 7, "!r2:x": 9})
+	want := map[string]int64{"!r1:x": 7, "!r2:x": 9}
+	if len(got) != len(want) {
+		t.Fatalf("%d hints, want %d", len(got), len(want))
+	}
+	for _, h := range got {
+		if h.Principal != "a@@a:x" || want[h.Room] != h.Position {
+			t.Fatalf("hint %+v", h)
+		}
+	}
+}

@@ -74,11 +74,7 @@ func AdmitBatch(tx *Tx, p Principal, events []journal.Parsed, nextBatch string) 
 	if err != nil {
 		return nil, nil, err
 	}
-	hints := make([]hint.Hint, 0, len(newest))
-	for room, seq := range newest {
-		hints = append(hints, hint.Hint{Principal: p.String(), Room: room, Position: seq})
-	}
-	return results, hints, nil
+	return results, hint.ForRooms(p.String(), newest), nil
 }
 
 // admission implements journal.AdmissionStore for p inside tx.

@@ -4,12 +4,10 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mindroomd/mindroomd/migration"
 )
 
 //go:embed migrations/*.sql
@@ -29,40 +27,8 @@ const (
 	selectHasTables   = `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_versions'`
 )
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations lists the embedded files in version order. Names are
-// NNNN_description.sql; a gap or duplicate is a build mistake and panics.
-func migrations() []migration {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	var ms []migration
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			panic("migration without a numbered name: " + e.Name())
-		}
-		body, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			panic(err)
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(body)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			panic(fmt.Sprintf("migration %s out of sequence", m.name))
-		}
-	}
-	return ms
-}
+// migrations are the store's embedded migrations, in version order.
+func migrations() []migration.File { return migration.Load(migrationFS, "migrations") }
 
 // SchemaVersion is the newest schema this binary knows.
 func SchemaVersion() int { return len(migrations()) }
@@ -89,7 +55,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	for _, m := range migrations() {
 		if err := apply(ctx, pool, m); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.name, err)
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 	}
 	return nil
@@ -109,7 +75,7 @@ func schemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	return v, nil
 }
 
-func apply(ctx context.Context, pool *pgxpool.Pool, m migration) error {
+func apply(ctx context.Context, pool *pgxpool.Pool, m migration.File) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -125,7 +91,7 @@ func apply(ctx context.Context, pool *pgxpool.Pool, m migration) error {
 	if version > SchemaVersion() {
 		return &NewerDatabaseError{Version: version, Known: SchemaVersion()}
 	}
-	if version >= m.version {
+	if version >= m.Version {
 		return nil
 	}
 	if version == 0 {
@@ -138,10 +104,10 @@ func apply(ctx context.Context, pool *pgxpool.Pool, m migration) error {
 	}
 	// A migration file is several statements: the simple protocol runs
 	// them in one round trip, inside this transaction.
-	if _, err := tx.Exec(ctx, m.sql); err != nil {
+	if _, err := tx.Exec(ctx, m.SQL); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, insertVersion, m.version); err != nil {
+	if _, err := tx.Exec(ctx, insertVersion, m.Version); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -5,12 +5,11 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/mindroomd/mindroomd/migration"
 )
 
 // ApplicationID stamps the file as a mindroomd journal ("MRDJ").
@@ -31,40 +30,8 @@ const (
 	selectGeneration       = `SELECT value FROM store_meta WHERE key = 'generation'`
 )
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations lists the embedded files in version order. Names are
-// NNNN_description.sql; a gap or duplicate is a build mistake and panics.
-func migrations() []migration {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	var ms []migration
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			panic("migration without a numbered name: " + e.Name())
-		}
-		body, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			panic(err)
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(body)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			panic(fmt.Sprintf("migration %s out of sequence", m.name))
-		}
-	}
-	return ms
-}
+// migrations are the store's embedded migrations, in version order.
+func migrations() []migration.File { return migration.Load(migrationFS, "migrations") }
 
 // SchemaVersion is the newest schema this binary knows.
 func SchemaVersion() int { return len(migrations()) }
@@ -100,23 +67,23 @@ func identify(ctx context.Context, db *sql.DB) (version int, err error) {
 func migrate(ctx context.Context, db *sql.DB, version int) error {
 	for _, m := range migrations()[version:] {
 		if err := apply(ctx, db, m); err != nil {
-			return fmt.Errorf("migrate to v%d (%s): %w", m.version, m.name, err)
+			return fmt.Errorf("migrate to v%d (%s): %w", m.Version, m.Name, err)
 		}
 	}
 	return nil
 }
 
 // apply runs one migration and its version bump in one transaction.
-func apply(ctx context.Context, db *sql.DB, m migration) error {
+func apply(ctx context.Context, db *sql.DB, m migration.File) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, pragmaSetUserVersion+strconv.Itoa(m.version)); err != nil {
+	if _, err := tx.ExecContext(ctx, pragmaSetUserVersion+strconv.Itoa(m.Version)); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, pragmaSetApplicationID+strconv.Itoa(ApplicationID)); err != nil {

@@ -149,7 +149,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 		}
 		for _, m := range migrations()[:2] {
 			if err := apply(ctx, raw, m); err != nil {
-				t.Fatalf("apply %s: %v", m.name, err)
+				t.Fatalf("apply %s: %v", m.Name, err)
 			}
 		}
 		if err := mintGeneration(ctx, raw); err != nil {
@@ -352,7 +352,7 @@ func TestAReadOnlyOpenRefusesAnOlderSchemaAndLeavesItAlone(t *testing.T) {
 		}
 		for _, m := range migrations()[:older] {
 			if err := apply(ctx, raw, m); err != nil {
-				t.Fatalf("apply %s: %v", m.name, err)
+				t.Fatalf("apply %s: %v", m.Name, err)
 			}
 		}
 		if err := mintGeneration(ctx, raw); err != nil {

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -31,8 +30,8 @@ var sqlAllowed = map[string]string{
 	// A migration's text is one of the embedded migrations/*.sql files:
 	// TestMigrationTextComesOnlyFromTheEmbeddedFiles checks that nothing
 	// else writes the field.
-	"github.com/mindroomd/mindroomd/sqlitefs.apply: m.sql": "an embedded migration file",
-	"github.com/mindroomd/mindroomd/pgfs.apply: m.sql":     "an embedded migration file",
+	"github.com/mindroomd/mindroomd/sqlitefs.apply: m.SQL": "an embedded migration file",
+	"github.com/mindroomd/mindroomd/pgfs.apply: m.SQL":     "an embedded migration file",
 }
 
 // sqlMethods are the names of the methods that take SQL text: database/sql's
@@ -171,88 +170,92 @@ func bad(ctx context.Context, db *sql.DB, s store, n int) {
 	}
 }
 
-// The allowed migration text is provably fixed: in each store the field
-// is written only in the composite literal of migrations, from the
-// embedded file system.
+// The allowed migration text is provably fixed: migration.File's SQL is
+// written only where migration.Load reads a file of the file system it is
+// given, and each store gives it only its own embedded migrations.
 func TestMigrationTextComesOnlyFromTheEmbeddedFiles(t *testing.T) {
 	mod := loadModule(t)
-	for _, c := range []struct{ path, source string }{
-		{"github.com/mindroomd/mindroomd/sqlitefs", "migrate.go"},
-		{"github.com/mindroomd/mindroomd/pgfs", "../pgfs/migrate.go"},
-	} {
-		t.Run(c.path, func(t *testing.T) { checkMigrationText(t, mod, c.path, c.source) })
-	}
-}
-
-func checkMigrationText(t *testing.T, mod *sourceModule, path, source string) {
 	var pkg *checkedPackage
 	for _, p := range mod.packages {
-		if p.types.Path() == path {
+		if p.types.Path() == "github.com/mindroomd/mindroomd/migration" {
 			pkg = p
 		}
 	}
 	if pkg == nil {
-		t.Fatalf("package %s not loaded", path)
+		t.Fatal("package migration not loaded")
 	}
-	obj := pkg.types.Scope().Lookup("migration")
+	obj := pkg.types.Scope().Lookup("File")
 	if obj == nil {
-		t.Fatal("type migration not found")
+		t.Fatal("type migration.File not found")
 	}
 	st, ok := obj.Type().Underlying().(*types.Struct)
 	if !ok {
-		t.Fatal("migration is not a struct")
+		t.Fatal("migration.File is not a struct")
 	}
 	var field *types.Var
 	for i := range st.NumFields() {
-		if st.Field(i).Name() == "sql" {
+		if st.Field(i).Name() == "SQL" {
 			field = st.Field(i)
 		}
 	}
 	if field == nil {
-		t.Fatal("migration has no sql field")
+		t.Fatal("migration.File has no SQL field")
 	}
+	// Outside package migration the field may be read, never written: a
+	// composite literal, an assignment or its address anywhere else fails.
 	writes := 0
-	for _, f := range pkg.files {
-		for _, d := range f.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
-			}
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				switch x := n.(type) {
-				case *ast.KeyValueExpr:
-					if id, ok := x.Key.(*ast.Ident); ok && pkg.info.Uses[id] == field {
-						writes++
-						if fn.Name.Name != "migrations" || types.ExprString(x.Value) != "string(body)" {
-							t.Errorf("%s: migration.sql written from %s in %s", mod.rel(mod.fset.Position(x.Pos())),
-								types.ExprString(x.Value), fn.Name.Name)
-						}
-					}
-				case *ast.AssignStmt:
-					for _, lhs := range x.Lhs {
-						if sel, ok := lhs.(*ast.SelectorExpr); ok && pkg.info.Uses[sel.Sel] == field {
-							t.Errorf("%s: migration.sql assigned", mod.rel(mod.fset.Position(x.Pos())))
-						}
-					}
-				case *ast.UnaryExpr:
-					if sel, ok := x.X.(*ast.SelectorExpr); ok && x.Op == token.AND && pkg.info.Uses[sel.Sel] == field {
-						t.Errorf("%s: migration.sql's address taken", mod.rel(mod.fset.Position(x.Pos())))
-					}
+	for _, p := range mod.packages {
+		for _, f := range p.files {
+			for _, d := range f.Decls {
+				fn, ok := d.(*ast.FuncDecl)
+				if !ok || fn.Body == nil {
+					continue
 				}
-				return true
-			})
+				ast.Inspect(fn.Body, func(n ast.Node) bool {
+					switch x := n.(type) {
+					case *ast.KeyValueExpr:
+						if id, ok := x.Key.(*ast.Ident); ok && p.info.Uses[id] == field {
+							writes++
+							if p != pkg || fn.Name.Name != "Load" || types.ExprString(x.Value) != "string(body)" {
+								t.Errorf("%s: migration.File.SQL written from %s in %s", mod.rel(mod.fset.Position(x.Pos())),
+									types.ExprString(x.Value), fn.Name.Name)
+							}
+						}
+					case *ast.AssignStmt:
+						for _, lhs := range x.Lhs {
+							if sel, ok := lhs.(*ast.SelectorExpr); ok && p.info.Uses[sel.Sel] == field {
+								t.Errorf("%s: migration.File.SQL assigned", mod.rel(mod.fset.Position(x.Pos())))
+							}
+						}
+					case *ast.UnaryExpr:
+						if sel, ok := x.X.(*ast.SelectorExpr); ok && x.Op == token.AND && p.info.Uses[sel.Sel] == field {
+							t.Errorf("%s: migration.File.SQL's address taken", mod.rel(mod.fset.Position(x.Pos())))
+						}
+					}
+					return true
+				})
+			}
 		}
 	}
 	if writes != 1 {
-		t.Errorf("migration.sql is written in %d composite literals, want the one in migrations", writes)
+		t.Errorf("migration.File.SQL is written in %d composite literals, want the one in Load", writes)
 	}
-	body := regexp.MustCompile(`body, err := migrationFS\.ReadFile\(`)
-	src, err := os.ReadFile(source)
+	load, err := os.ReadFile("../migration/migration.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !body.Match(src) || !bytes.Contains(src, []byte("//go:embed migrations/*.sql\nvar migrationFS embed.FS")) {
-		t.Error("migrations no longer reads body from the embedded migrationFS")
+	if !bytes.Contains(load, []byte("body, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))")) {
+		t.Error("Load no longer reads body from the file system it is given")
+	}
+	for _, source := range []string{"migrate.go", "../pgfs/migrate.go"} {
+		src, err := os.ReadFile(source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(src, []byte("//go:embed migrations/*.sql\nvar migrationFS embed.FS")) ||
+			!bytes.Contains(src, []byte(`migration.Load(migrationFS, "migrations")`)) {
+			t.Errorf("%s no longer loads its migrations from its embedded migrationFS alone", source)
+		}
 	}
 }
 

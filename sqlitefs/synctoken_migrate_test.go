@@ -43,7 +43,7 @@ func TestASyncTokenStoredBeforeVersion4KeepsItsValueAndAnUnknownTime(t *testing.
 		}
 		for _, m := range migrations()[:3] {
 			if err := apply(ctx, raw, m); err != nil {
-				t.Fatalf("apply %s: %v", m.name, err)
+				t.Fatalf("apply %s: %v", m.Name, err)
 			}
 		}
 		if err := mintGeneration(ctx, raw); err != nil {
