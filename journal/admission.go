@@ -156,6 +156,32 @@ func InstallHistory(s AdmissionStore, self, room string, epoch int64, events []P
 	return res, nil
 }
 
+// CoverageStore records that a conversation was hydrated.
+type CoverageStore interface {
+	// Room reads the room's membership, registering the room on first
+	// sight.
+	Room(room string) (RoomState, error)
+	// Cover writes the conversation's coverage marker under epoch.
+	Cover(room, thread string, epoch int64) error
+}
+
+// MarkCovered publishes that a conversation (thread "" for the room) was
+// hydrated under epoch, unless that membership is over: a marker covers
+// only the membership whose walk wrote it.
+func MarkCovered(s CoverageStore, room, thread string, epoch int64) error {
+	state, err := s.Room(room)
+	if err != nil {
+		return fmt.Errorf("mark covered: %w", err)
+	}
+	if state.Departed || state.Epoch != epoch {
+		return fmt.Errorf("%w: %s was hydrated under epoch %d, the room is at %d", ErrMembershipEnded, room, epoch, state.Epoch)
+	}
+	if err := s.Cover(room, thread, epoch); err != nil {
+		return fmt.Errorf("mark covered: %w", err)
+	}
+	return nil
+}
+
 // JournalContext journals ev as context only, settled from the start,
 // unless the principal holds it already.
 func JournalContext(s AdmissionStore, ev *Event) error {

@@ -43,19 +43,15 @@ func InstallHistory(tx *Tx, p Principal, room string, epoch int64, events []jour
 }
 
 // MarkCovered publishes that p's conversation (room, thread "" for the
-// room) was hydrated under epoch, unless that membership is over.
+// room) was hydrated under epoch (journal.MarkCovered).
 func MarkCovered(tx *Tx, p Principal, room, thread string, epoch int64) error {
-	ref, err := roomOf(tx, p, room)
-	if err != nil {
-		return fmt.Errorf("mark covered: %w", err)
-	}
-	if ref.departed || ref.epoch != epoch {
-		return fmt.Errorf("%w: %s was hydrated under epoch %d, the room is at %d", journal.ErrMembershipEnded, room, epoch, ref.epoch)
-	}
-	if _, err := tx.exec(upsertCoverage, p.ID, room, thread, epoch, tx.nowMS()); err != nil {
-		return fmt.Errorf("mark covered: %w", err)
-	}
-	return nil
+	return journal.MarkCovered(newAdmission(tx, p), room, thread, epoch)
+}
+
+// Cover implements journal.CoverageStore.
+func (a *admission) Cover(room, thread string, epoch int64) error {
+	_, err := a.tx.exec(upsertCoverage, a.p.ID, room, thread, epoch, a.tx.nowMS())
+	return err
 }
 
 // covered reports whether p's conversation was hydrated under the room's
