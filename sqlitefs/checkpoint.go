@@ -70,7 +70,11 @@ type CheckpointResult struct {
 // Checkpoint copies committed WAL frames into the database file on a
 // connection of its own, without waiting for the writer or readers.
 func (db *DB) Checkpoint(ctx context.Context) (CheckpointResult, error) {
-	return checkpoint(db.checkpointer.QueryRowContext(ctx, checkpointPassive))
+	r, err := checkpoint(db.checkpointer.QueryRowContext(ctx, checkpointPassive))
+	if err != nil {
+		return r, fmt.Errorf("checkpoint: %w", err)
+	}
+	return r, nil
 }
 
 // RestartDue reports whether the WAL a checkpoint reported on holds half
@@ -87,12 +91,12 @@ func (db *DB) RestartDue(r CheckpointResult) bool {
 // grows on until a later try.
 func RestartWALOn(ctx context.Context, conn *sql.Conn) (_ CheckpointResult, err error) {
 	if _, err := conn.ExecContext(ctx, pragmaBusyRestart); err != nil {
-		return CheckpointResult{}, fmt.Errorf("checkpoint: %w", err)
+		return CheckpointResult{}, fmt.Errorf("set the restart's busy timeout: %w", err)
 	}
 	defer func() {
 		// The writer's own wait comes back even if ctx has ended.
 		if _, e := conn.ExecContext(context.Background(), pragmaBusyTimeout); e != nil && err == nil {
-			err = fmt.Errorf("checkpoint: %w", e)
+			err = fmt.Errorf("restore the busy timeout: %w", e)
 		}
 	}()
 	return checkpoint(conn.QueryRowContext(ctx, checkpointRestart))
@@ -107,7 +111,11 @@ func CheckpointOn(ctx context.Context, conn *sql.Conn) (CheckpointResult, error)
 // TruncateWAL checkpoints everything and empties the WAL file. It waits for
 // readers, so it is for shutdown, after the writer has stopped.
 func (db *DB) TruncateWAL(ctx context.Context) (CheckpointResult, error) {
-	return checkpoint(db.writer.QueryRowContext(ctx, checkpointTruncate))
+	r, err := checkpoint(db.writer.QueryRowContext(ctx, checkpointTruncate))
+	if err != nil {
+		return r, fmt.Errorf("truncate the WAL: %w", err)
+	}
+	return r, nil
 }
 
 func checkpoint(row *sql.Row) (CheckpointResult, error) {
@@ -115,8 +123,10 @@ func checkpoint(row *sql.Row) (CheckpointResult, error) {
 		r    CheckpointResult
 		busy int
 	)
+	// The writer names the maintenance it runs, and Checkpoint and
+	// TruncateWAL name theirs: the error is left bare here.
 	if err := row.Scan(&busy, &r.LogFrames, &r.Checkpointed); err != nil {
-		return r, fmt.Errorf("checkpoint: %w", err)
+		return r, err
 	}
 	r.Busy = busy != 0
 	return r, nil

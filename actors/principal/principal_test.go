@@ -644,3 +644,49 @@ func TestWhatARoomSaidBeforeTheAgentWasInvitedIsNeverAnswered(t *testing.T) {
 		return contains(got, "before the join 0", "after the join", "echo: after the join")
 	})
 }
+
+// rateLimited refuses the sync once with a 429 asking for wait, then
+// passes every call through; it records when each sync was asked.
+type rateLimited struct {
+	principal.Transport
+	wait    time.Duration
+	mu      sync.Mutex
+	refused int // the index of the refused call, -1 before it
+	calls   []time.Time
+}
+
+func (r *rateLimited) Sync(ctx context.Context, since string, timeout time.Duration) (*matrix.SyncBatch, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, time.Now())
+	refuse := r.refused < 0 && since != ""
+	if refuse {
+		r.refused = len(r.calls) - 1
+	}
+	r.mu.Unlock()
+	if refuse {
+		return nil, &matrix.HTTPError{Status: 429, ErrCode: "M_LIMIT_EXCEEDED", RetryAfter: r.wait}
+	}
+	return r.Transport.Sync(ctx, since, timeout)
+}
+
+func TestASyncRefusedWith429WaitsAsLongAsTheServerAsksBeforeTryingAgain(t *testing.T) {
+	f := newFixture(t)
+	limited := &rateLimited{wait: 700 * time.Millisecond, refused: -1}
+	f.transport = func(t principal.Transport) principal.Transport {
+		limited.Transport = t
+		return limited
+	}
+	f.start()
+	f.awaitJoined()
+	f.alice.SendText(f.room, "after the limit")
+	f.awaitReply("after the limit")
+	limited.mu.Lock()
+	defer limited.mu.Unlock()
+	r := limited.refused
+	if r < 0 || r+1 >= len(limited.calls) {
+		t.Fatalf("the sync was never refused and asked again: calls at %v", limited.calls)
+	}
+	if gap := limited.calls[r+1].Sub(limited.calls[r]); gap < limited.wait {
+		t.Fatalf("the sync after the 429 came %v later, want at least the %v the server asked (the backoff alone is at most 200ms)", gap, limited.wait)
+	}
+}

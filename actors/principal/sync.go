@@ -68,6 +68,10 @@ func (a *principalActor) syncLoop(ctx context.Context) error {
 		}
 		failures++
 		delay := backoffAfter(failures, a.deps.BackoffBase, a.deps.BackoffMax)
+		// A server that limits the rate says how long to wait: no less.
+		if he := (*matrix.HTTPError)(nil); errors.As(err, &he) && he.RetryAfter > delay {
+			delay = he.RetryAfter
+		}
 		a.log.Warn().Err(err).Int("failures", failures).Dur("retry_in", delay).Msg("Sync failed; retrying from the same token")
 		if !sleep(ctx, delay) {
 			return nil
