@@ -30,8 +30,11 @@ func (a *principalActor) workLoop(ctx context.Context) error {
 	sub := a.deps.Hints.Subscribe(a.deps.Store.Principal().String())
 	defer sub.Close()
 	retries := make(map[string]retry)
+	// An unreadable row stays pending for an operator to see; it is
+	// reported once per run, not on every pass over the backlog.
+	reported := make(map[int64]bool)
 	for {
-		next, err := a.offerBacklog(ctx, retries)
+		next, err := a.offerBacklog(ctx, retries, reported)
 		if err != nil && ctx.Err() == nil {
 			a.log.Error().Err(err).Msg("Reading pending work failed")
 			next = a.deps.Now().Add(a.deps.BackoffBase)
@@ -59,8 +62,9 @@ func (a *principalActor) workLoop(ctx context.Context) error {
 }
 
 // offerBacklog offers every pending event not waiting out a backoff, once,
-// and returns when the earliest backoff ends (zero when none waits).
-func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]retry) (time.Time, error) {
+// reports unreadable rows not reported yet, and returns when the earliest
+// backoff ends (zero when none waits).
+func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]retry, reported map[int64]bool) (time.Time, error) {
 	var (
 		after int64
 		next  time.Time
@@ -71,7 +75,10 @@ func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]re
 			return next, err
 		}
 		for _, u := range page.Unreadable {
-			a.log.Error().Err(u.Err).Str("event_id", u.EventID).Msg("Pending event unreadable; skipped")
+			if !reported[u.Seq] {
+				reported[u.Seq] = true
+				a.log.Error().Err(u.Err).Str("event_id", u.EventID).Msg("Pending event unreadable; skipped")
+			}
 		}
 		for _, e := range page.Events {
 			if ctx.Err() != nil {

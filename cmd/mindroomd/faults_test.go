@@ -482,14 +482,16 @@ func TestACorruptPendingRowIsReportedAndSkippedAndTheBacklogGoesOn(t *testing.T)
 		alice.AwaitEvent(ctx, room, replyTo(bot.UserID, id))
 	}
 
-	reported := false
+	// Every commit passes over the backlog again; the row is reported on
+	// the first pass only.
+	reported := 0
 	for _, l := range logLines(d.log.String(), "Pending event unreadable; skipped") {
 		if l.EventID == ids[1] && strings.Contains(l.Error, "stored payload does not decode") {
-			reported = true
+			reported++
 		}
 	}
-	if !reported {
-		t.Fatalf("the corrupt row %s was never reported; the log:\n%s", ids[1], d.log)
+	if reported != 1 {
+		t.Fatalf("the corrupt row %s was reported %d times, want once; the log:\n%s", ids[1], reported, d.log)
 	}
 	answers := map[string]int{}
 	for _, raw := range alice.Messages(room) {
