@@ -275,6 +275,11 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	if len(ev.Content) > MaxContentBytes {
 		return nil, eventErr("content", "larger than 64 KiB")
 	}
+	// Whether the server redacted it decides how much of its content
+	// classification may ask for.
+	if unsigned, ok := whole["unsigned"].(map[string]any); ok {
+		_, ev.Redacted = unsigned["redacted_because"]
+	}
 	if err := ev.classifyKind(w, content); err != nil {
 		return nil, err
 	}
@@ -283,9 +288,6 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 		ev.Preview = IsSidecarPreview(ev.NewContent)
 	} else {
 		_, ev.Preview = content[LongTextKey].(map[string]any)
-	}
-	if unsigned, ok := whole["unsigned"].(map[string]any); ok {
-		_, ev.Redacted = unsigned["redacted_because"]
 	}
 	whole["room_id"] = in.RoomID
 	if ev.Canonical, err = encodeCanonical(whole); err != nil {
@@ -374,6 +376,11 @@ func (ev *Event) classifyKind(w, c object) error {
 			}
 		}
 	case "m.reaction":
+		if rel == nil && ev.Redacted {
+			// Redaction stripped its relation: nothing of it can show,
+			// and its copy stands in for the redaction.
+			return nil
+		}
 		if rel == nil || rel.relType != "m.annotation" {
 			return eventErr("content.m.relates_to", "a reaction needs an m.annotation relation")
 		}

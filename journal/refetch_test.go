@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -231,4 +232,20 @@ func TestNoRedactedBodyStaysOnScreenWhicheverWayItCame(t *testing.T) {
 			t.Fatalf("screen = %v, want the redacted body gone", got)
 		}
 	})
+}
+
+func TestARedactedReactionIsAcceptedAsContextAndAnUnredactedOneNeedsItsRelation(t *testing.T) {
+	redacted := `{"event_id":"$r","type":"m.reaction","sender":"@a:x","origin_server_ts":1000,"content":{},` +
+		`"unsigned":{"redacted_because":{"type":"m.room.redaction"}}}`
+	ev, err := journal.ParseEvent(journal.Inbound{RoomID: "!room:x", Provenance: journal.History, Event: json.RawMessage(redacted)}, time.UnixMilli(2000))
+	if err != nil {
+		t.Fatalf("a redacted reaction was rejected: %v", err)
+	}
+	if !ev.Redacted || ev.Kind != journal.KindOther || ev.Target != "" {
+		t.Fatalf("parsed as %+v, want a redacted event of no kind that shows", ev)
+	}
+	bare := `{"event_id":"$r","type":"m.reaction","sender":"@a:x","origin_server_ts":1000,"content":{}}`
+	if _, err := journal.ParseEvent(journal.Inbound{RoomID: "!room:x", Provenance: journal.Live, Event: json.RawMessage(bare)}, time.UnixMilli(2000)); err == nil {
+		t.Fatal("a reaction without a relation, not redacted, was accepted")
+	}
 }
