@@ -357,3 +357,49 @@ func TestAStoresOwnCommitWakesItsSubscribersOnceNotAgainThroughTheListener(t *te
 	default:
 	}
 }
+
+// What the contract cannot see through the interface: only pending rows
+// keep a payload, and settling drops it in the same statement.
+func TestSettledRowsKeepNoPayload(t *testing.T) {
+	u := cluster.Schema(t)
+	s := mustOpen(t, u)
+	v := view(t, s, "bot", "@bot:example.org")
+	live := mx.Live(storeRoom,
+		mx.Message("$pending", storeAlice, 1000, "still owed"),
+		mx.Message("$settled", storeAlice, 1001, "answered"),
+		mx.Notice("$notice", storeAlice, 1002, "fyi"),
+		mx.Message("$echo", "@bot:example.org", 1003, "mine"),
+	)
+	if _, err := v.AdmitBatch(t.Context(), live, ""); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := v.Settle(t.Context(), "$settled"); err != nil || n != 1 {
+		t.Fatalf("Settle = %d, %v", n, err)
+	}
+	rows, err := connect(t, u).Query(t.Context(), `SELECT j.event_id, j.state, p.seq IS NOT NULL
+		FROM journal_events j LEFT JOIN journal_payloads p ON p.seq = j.seq ORDER BY j.seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]any{}
+	for rows.Next() {
+		var (
+			id    string
+			state int16
+			kept  bool
+		)
+		if err := rows.Scan(&id, &state, &kept); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = [2]any{state, kept}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]any{
+		"$pending": {int16(0), true}, "$settled": {int16(1), false}, "$notice": {int16(1), false}, "$echo": {int16(1), false},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("(state, payload kept) = %v, want %v", got, want)
+	}
+}
