@@ -34,6 +34,7 @@ test: lint dendrite
 	$(MAKE) bench-smoke
 	$(MAKE) bench-pg-smoke
 	$(MAKE) soak-ci
+	$(MAKE) soak-ci-pg
 	$(MAKE) fuzz FUZZTIME=10s
 
 test-short: dendrite
@@ -65,15 +66,23 @@ bench-pg-smoke:
 # through examples/echo-agent.py; a person posts SOAK_K messages at 20/s
 # while the daemon is SIGKILLed and restarted SOAK_M times, then every
 # message must have exactly one answer and the journal must owe nothing.
-# soak-ci is the size CI runs (about a minute).
+# soak-ci is the size CI runs (about a minute). soak-pg and soak-ci-pg are
+# the same with the journal in PostgreSQL: a durable cluster the soak
+# launches, or a schema of its own on MINDROOM_TEST_PG_URL's server.
 SOAK_K ?= 2000
 SOAK_M ?= 30
-.PHONY: soak soak-ci
+.PHONY: soak soak-ci soak-pg soak-ci-pg
 soak: build dendrite
 	$(GO) run ./bench/soak -k $(SOAK_K) -m $(SOAK_M)
 
 soak-ci:
 	$(MAKE) soak SOAK_K=200 SOAK_M=5
+
+soak-pg: build dendrite
+	$(GO) run ./bench/soak -pg -k $(SOAK_K) -m $(SOAK_M)
+
+soak-ci-pg:
+	$(MAKE) soak-pg SOAK_K=200 SOAK_M=5
 
 # The journal under a chat's sustained load (bench/load): 20 principals ×
 # 10 rooms, 300 events/s for 60 s, with readers, exporters and the outbox

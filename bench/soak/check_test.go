@@ -1,16 +1,17 @@
 package main
 
 import (
-	"context"
 	"database/sql"
 	"encoding/json"
 	"slices"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
+	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
 const (
@@ -141,15 +142,118 @@ func TestTheRoomsRecordJoinsTheSyncAndTheWalkByEventID(t *testing.T) {
 
 // copyRow, moveCopy and insertCopied copy one event's journal row under a
 // new seq, as an admission that failed to recognise the event would have.
+// PostgreSQL's journal forbids a second row of an event outright, so its
+// test drops that constraint first (dropIdentity) and copies the row in one
+// statement, its seq a new one.
 const (
 	copyRow      = `CREATE TEMP TABLE copied AS SELECT * FROM journal_events WHERE event_id = ?`
 	moveCopy     = `UPDATE copied SET seq = seq + 1000000`
 	insertCopied = `INSERT INTO journal_events SELECT * FROM copied`
+	dropIdentity = `ALTER TABLE journal_events DROP CONSTRAINT journal_events_principal_event_id_key`
+	copyRowPG    = `INSERT INTO journal_events (principal, event_id, room_id, thread_id, target_id,
+		kind, class, provenance, state, epoch, received_ms)
+		SELECT principal, event_id, room_id, thread_id, target_id,
+		kind, class, provenance, state, epoch, received_ms FROM journal_events WHERE event_id = $1`
 )
 
+// statement is one statement of a test's and its bound values.
+type statement struct {
+	sql  string
+	args []any
+}
+
+// journalCase is a journal of one kind for the journal tally's test: where
+// it is, how to open it for writing, and the statements that give an
+// event a second row.
+type journalCase struct {
+	at        journalAt
+	open      func(t *testing.T) journal.Store
+	driver    string
+	dsn       string
+	duplicate []statement
+}
+
+func sqliteJournal(t *testing.T) journalCase {
+	dir := t.TempDir()
+	return journalCase{
+		at:        journalAt{storage: dir},
+		open:      func(t *testing.T) journal.Store { return testsupport.MustOpenAt(t, dir) },
+		driver:    "sqlite3",
+		dsn:       sqlitefs.Path(dir) + "?_busy_timeout=10000",
+		duplicate: []statement{{copyRow, []any{"$m1"}}, {moveCopy, nil}, {insertCopied, nil}},
+	}
+}
+
+func postgresJournal(t *testing.T) journalCase {
+	url := pg.Start(t).Schema(t)
+	return journalCase{
+		at: journalAt{storage: t.TempDir(), pgURL: url},
+		open: func(t *testing.T) journal.Store {
+			s, err := pgfs.Open(t.Context(), pgfs.Options{URL: url})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		},
+		driver:    "pgx",
+		dsn:       url,
+		duplicate: []statement{{dropIdentity, nil}, {copyRowPG, []any{"$m1"}}},
+	}
+}
+
+// journalKinds are the journals the daemon keeps.
+var journalKinds = []struct {
+	name string
+	of   func(*testing.T) journalCase
+}{{"SQLite", sqliteJournal}, {"PostgreSQL", postgresJournal}}
+
 func TestTheJournalTallyFindsPendingWorkAndEventsAdmittedTwice(t *testing.T) {
-	ctx := context.Background()
-	s, dir := testsupport.MustOpen(t)
+	for _, k := range journalKinds {
+		t.Run(k.name, func(t *testing.T) { testJournalTally(t, k.of(t)) })
+	}
+}
+
+// deleteEvents is a write the soak's reading session must refuse.
+const deleteEvents = `DELETE FROM journal_events`
+
+func TestTheSoaksJournalSessionRefusesWrites(t *testing.T) {
+	for _, k := range journalKinds {
+		t.Run(k.name, func(t *testing.T) {
+			jc := k.of(t)
+			s := jc.open(t)
+			view, err := s.Principal(t.Context(), agentName, testBot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := view.AdmitBatch(t.Context(), mx.Live(testRoom, mx.Message("$m1", testPerson, 1000, "soak 1")), "t1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			db, err := jc.at.open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if _, err := db.ExecContext(t.Context(), deleteEvents); err == nil {
+				t.Fatal("the reading session deleted the journal's events")
+			}
+			class, err := agentEvents(t.Context(), db, agentName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := class["$m1"]; !ok {
+				t.Fatal("the journal lost its event")
+			}
+		})
+	}
+}
+
+func testJournalTally(t *testing.T, jc journalCase) {
+	ctx := t.Context()
+	s := jc.open(t)
 	view, err := s.Principal(ctx, agentName, testBot)
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +270,7 @@ func TestTheJournalTallyFindsPendingWorkAndEventsAdmittedTwice(t *testing.T) {
 	}
 	msgs := []sent{{ID: "$m1"}, {ID: "$n1"}, {ID: "$m2"}}
 
-	got, err := readJournal(ctx, dir, agentName, msgs, []string{"$e1", "$e2"}, nil)
+	got, err := readJournal(ctx, jc.at, agentName, msgs, []string{"$e1", "$e2"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,25 +281,23 @@ func TestTheJournalTallyFindsPendingWorkAndEventsAdmittedTwice(t *testing.T) {
 		t.Fatalf("not journaled %v, not work %v; want [$m2 $e2] and [$n1]", got.NotJournaled, got.NotWork)
 	}
 
-	db, err := sql.Open("sqlite3", sqlitefs.Path(dir)+"?_busy_timeout=10000")
+	db, err := sql.Open(jc.driver, jc.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
+	// One connection: SQLite's copy is a temporary table of its own.
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	for _, q := range []struct {
-		sql  string
-		args []any
-	}{{copyRow, []any{"$m1"}}, {moveCopy, nil}, {insertCopied, nil}} {
+	for _, q := range jc.duplicate {
 		if _, err := conn.ExecContext(ctx, q.sql, q.args...); err != nil {
 			t.Fatalf("%s: %v", q.sql, err)
 		}
 	}
-	if got, err = readJournal(ctx, dir, agentName, msgs, nil, nil); err != nil {
+	if got, err = readJournal(ctx, jc.at, agentName, msgs, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got.DuplicateIDs != 1 || got.DuplicateRows != 1 || got.Pending != 2 {

@@ -8,22 +8,27 @@ import (
 	"net/url"
 	"path/filepath"
 
-	// The plain driver: the soak reads the file as any SQLite reader
-	// would, beside none of the store's code.
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	// The plain drivers: the soak reads the journal as any SQLite or
+	// PostgreSQL reader would, beside none of the store's code.
 	_ "github.com/mattn/go-sqlite3"
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
-// The journal queries. States are the journal's: an event is pending while
-// state = 0; an outbox row is queued (0), attempted (1), acknowledged (2),
-// failed (3) or retired (4); a turn record is delivered at state 2.
+// The journal queries, one text for both databases where it can be: the
+// tables and their columns are the same in SQLite and PostgreSQL. States
+// are the journal's: an event is pending while state = 0; an outbox row is
+// queued (0), attempted (1), acknowledged (2), failed (3) or retired (4); a
+// turn record is delivered at state 2.
 const (
 	// selectDuplicateEvents counts the event IDs one principal holds more
-	// than one row for, and the rows beyond the first.
-	selectDuplicateEvents = `SELECT count(*), coalesce(sum(n - 1), 0) FROM
-		(SELECT count(*) AS n FROM journal_events GROUP BY principal, event_id HAVING count(*) > 1)`
+	// than one row for, and the rows beyond the first. PostgreSQL wants
+	// the subquery named, and its sum of bigints is a numeric.
+	selectDuplicateEvents = `SELECT count(*), CAST(coalesce(sum(n - 1), 0) AS bigint) FROM
+		(SELECT count(*) AS n FROM journal_events GROUP BY principal, event_id HAVING count(*) > 1) AS duplicated`
 	selectPending        = `SELECT count(*) FROM journal_events WHERE state = 0`
 	selectUnacknowledged = `SELECT count(*) FROM delivery_outbox WHERE state IN (0, 1)`
 	selectFailed         = `SELECT count(*) FROM delivery_outbox WHERE state = 3`
@@ -34,7 +39,57 @@ const (
 	// selectReplyDelivery is the acknowledged event of one reply's final.
 	selectReplyDelivery = `SELECT o.event_id FROM delivery_outbox o
 		JOIN principals p ON p.id = o.principal WHERE p.agent = ? AND o.delivery_id = ? AND o.stage = ? AND o.state = 2`
+	// selectAgentEventsPG and selectReplyDeliveryPG are PostgreSQL's texts
+	// of the two: its placeholders are numbered.
+	selectAgentEventsPG = `SELECT j.event_id, j.class FROM journal_events j
+		JOIN principals p ON p.id = j.principal WHERE p.agent = $1`
+	selectReplyDeliveryPG = `SELECT o.event_id FROM delivery_outbox o
+		JOIN principals p ON p.id = o.principal WHERE p.agent = $1 AND o.delivery_id = $2 AND o.stage = $3 AND o.state = 2`
 )
+
+// journalAt is where the daemon keeps its journal: the SQLite file under
+// storage, or, when pgURL is set, the PostgreSQL database (and the schema
+// its search_path names) pgURL names. pgURL may hold a password: it is
+// never printed.
+type journalAt struct {
+	storage string
+	pgURL   string
+}
+
+// String names the kind of journal, for the report.
+func (j journalAt) String() string {
+	if j.pgURL != "" {
+		return "PostgreSQL"
+	}
+	return "SQLite"
+}
+
+// journalDB is an open journal and the texts of the queries with bound
+// values in its database's dialect.
+type journalDB struct {
+	*sql.DB
+	agentEvents, replyDelivery string
+}
+
+// open opens the journal for reading only: nothing this process does can
+// change it.
+func (j journalAt) open() (*journalDB, error) {
+	if j.pgURL == "" {
+		db, err := openSQLite(j.storage)
+		if err != nil {
+			return nil, err
+		}
+		return &journalDB{DB: db, agentEvents: selectAgentEvents, replyDelivery: selectReplyDelivery}, nil
+	}
+	cfg, err := pgx.ParseConfig(j.pgURL)
+	if err != nil {
+		// pgx's error would quote the URL.
+		return nil, errors.New("open journal: the database URL does not parse")
+	}
+	// PostgreSQL itself refuses every write of such a session.
+	cfg.RuntimeParams["default_transaction_read_only"] = "on"
+	return &journalDB{DB: stdlib.OpenDB(*cfg), agentEvents: selectAgentEventsPG, replyDelivery: selectReplyDeliveryPG}, nil
+}
 
 // journalTally is what the journal holds after the daemon stopped.
 type journalTally struct {
@@ -58,14 +113,14 @@ type journalTally struct {
 	OutboxMismatch []string
 }
 
-// readJournal opens the journal under storage read-only (mode=ro, no
-// lock, no migration) and tallies it: the whole file for duplicates and
+// readJournal opens the journal at read-only (no lock, no migration) and
+// tallies it: the whole file for duplicates and
 // what is still owed; the agent's principal for each of the person's
 // messages (msgs), the other room events it should hold (others) and the
 // answers.
-func readJournal(ctx context.Context, storage, agent string, msgs []sent, others []string, answers []answer) (journalTally, error) {
+func readJournal(ctx context.Context, at journalAt, agent string, msgs []sent, others []string, answers []answer) (journalTally, error) {
 	var t journalTally
-	db, err := openJournal(storage)
+	db, err := at.open()
 	if err != nil {
 		return t, err
 	}
@@ -104,7 +159,7 @@ func readJournal(ctx context.Context, storage, agent string, msgs []sent, others
 	}
 	for _, a := range answers {
 		var acked string
-		err := db.QueryRowContext(ctx, selectReplyDelivery, agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
+		err := db.QueryRowContext(ctx, db.replyDelivery, agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return t, fmt.Errorf("read the delivery of %s: %w", a.ID, err)
 		}
@@ -115,10 +170,10 @@ func readJournal(ctx context.Context, storage, agent string, msgs []sent, others
 	return t, nil
 }
 
-// openJournal opens the journal under storage for reading only: mode=ro
-// and query_only, so nothing this process does can change the file, and a
-// wait of up to 5 s for a writer's lock.
-func openJournal(storage string) (*sql.DB, error) {
+// openSQLite opens the SQLite journal under storage for reading only:
+// mode=ro and query_only, so nothing this process does can change the
+// file, and a wait of up to 5 s for a writer's lock.
+func openSQLite(storage string) (*sql.DB, error) {
 	path, err := filepath.Abs(sqlitefs.Path(storage))
 	if err != nil {
 		return nil, err
@@ -131,10 +186,10 @@ func openJournal(storage string) (*sql.DB, error) {
 	return db, nil
 }
 
-// readAgentEvents is agentEvents of the journal under storage, read beside
-// a running daemon.
-func readAgentEvents(ctx context.Context, storage, agent string) (map[string]int64, error) {
-	db, err := openJournal(storage)
+// readAgentEvents is agentEvents of the journal at, read beside a running
+// daemon.
+func readAgentEvents(ctx context.Context, at journalAt, agent string) (map[string]int64, error) {
+	db, err := at.open()
 	if err != nil {
 		return nil, err
 	}
@@ -143,8 +198,8 @@ func readAgentEvents(ctx context.Context, storage, agent string) (map[string]int
 }
 
 // agentEvents is the class of each event the agent's principals hold.
-func agentEvents(ctx context.Context, db *sql.DB, agent string) (map[string]int64, error) {
-	rows, err := db.QueryContext(ctx, selectAgentEvents, agent)
+func agentEvents(ctx context.Context, db *journalDB, agent string) (map[string]int64, error) {
+	rows, err := db.QueryContext(ctx, db.agentEvents, agent)
 	if err != nil {
 		return nil, fmt.Errorf("read the agent's events: %w", err)
 	}

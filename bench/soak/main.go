@@ -14,6 +14,12 @@
 //     row, each message was admitted as work, and nothing is pending, queued
 //     or unacknowledged.
 //
+// The journal is the SQLite file under the daemon's storage, or with -pg a
+// PostgreSQL database: a durable cluster the soak launches in its working
+// directory (as the postgres OS user when run as root, so the working
+// directory must be under the system's temporary directory or open to that
+// user), or a new schema on the server MINDROOM_TEST_PG_URL names.
+//
 // It prints a table (K, M, lost, duplicated, the time to drain after the
 // last kill, the wall time) and the checks behind it, and exits 1 if any
 // check failed, 2 if the soak could not run. The working directory (the
@@ -35,6 +41,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
 // Exit codes.
@@ -55,6 +63,7 @@ type options struct {
 	drainTimeout time.Duration
 	dir          string
 	keep         bool
+	pg           bool
 	seed         uint64
 	bin          string
 	script       string
@@ -110,6 +119,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long to wait for every answer once posting and killing are over (0: 60s + 250ms per message)")
 	fs.StringVar(&o.dir, "dir", "", "working directory, new or empty (default: a new temporary directory)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory when the soak passes")
+	fs.BoolVar(&o.pg, "pg", false, "keep the journal in PostgreSQL: a durable cluster (fsync on) launched in the working directory, "+
+		"or a new schema on the server "+pg.EnvURL+" names")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the message mix and the kill moments (0: random)")
 	fs.StringVar(&o.bin, "bin", "bin/mindroomd", "the daemon binary (make build)")
 	fs.StringVar(&o.script, "script", "examples/echo-agent.py", "the exec agent's script")

@@ -19,7 +19,7 @@ func printResult(out io.Writer, o options, r result) {
 	if o.agent == "exec" {
 		agent = fmt.Sprintf("exec, examples/echo-agent.py after 0-%s", o.agentDelay)
 	}
-	fmt.Fprintf(out, "kill-9 soak: %g messages/s, agent %s, seed %d\n\n", o.rate, agent, r.Seed)
+	fmt.Fprintf(out, "kill-9 soak: %g messages/s, agent %s, seed %d\njournal: %s\n\n", o.rate, agent, r.Seed, r.JournalOn)
 	drain := "not drained"
 	if r.Drained {
 		drain = r.Drain.Round(10 * time.Millisecond).String()

@@ -21,6 +21,7 @@ import (
 	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
 
+	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 )
 
@@ -73,7 +74,9 @@ type result struct {
 	// homeserver was taking them in: the window a duplicate comes from.
 	CutSends int
 	Server   serverTally
-	Journal  journalTally
+	// JournalOn says which journal the daemon kept, and where.
+	JournalOn string
+	Journal   journalTally
 	// Status is `mindroomd status` after the stop.
 	Status string
 	Wall   time.Duration
@@ -106,6 +109,31 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 		return res, err
 	}
 	logf("working directory %s, seed %d", res.Dir, o.seed)
+	at := journalAt{storage: filepath.Join(res.Dir, "storage")}
+	res.JournalOn = "SQLite, " + sqlitefs.Path(at.storage)
+	urlFile := ""
+	if o.pg {
+		var pj *pgJournal
+		if pj, err = startPG(ctx, res.Dir); err != nil {
+			return res, err
+		}
+		// err is run's own, so a failed stop reaches the caller; a schema
+		// on a shared server goes with a passing soak, as the working
+		// directory does, and stays with a failed one.
+		defer func() {
+			drop := err == nil && res.passed() && !o.keep
+			if ferr := pj.finish(drop, logf); ferr != nil && err == nil {
+				err = fmt.Errorf("stop postgres: %w", ferr)
+			}
+		}()
+		urlFile = filepath.Join(res.Dir, "postgres.url")
+		if err := pj.writeURL(urlFile); err != nil {
+			return res, err
+		}
+		at.pgURL = pj.url
+		res.JournalOn = "PostgreSQL, " + pj.where
+	}
+	logf("journal: %s", res.JournalOn)
 	hsDir := filepath.Join(res.Dir, "dendrite")
 	if err := os.Mkdir(hsDir, 0o700); err != nil {
 		return res, err
@@ -139,7 +167,7 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	}
 	p := &person{cli: cli, room: created.RoomID}
 
-	cfg, err := writeConfig(res.Dir, hs.URL, bot, o, command)
+	cfg, err := writeConfig(res.Dir, hs.URL, bot, o, command, urlFile)
 	if err != nil {
 		return res, err
 	}
@@ -257,7 +285,7 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 		return res, err
 	}
 	record := union(obs.record(), history)
-	if err := awaitJournaled(ctx, filepath.Join(res.Dir, "storage"), messageIDs(record, alice.UserID, bot.UserID)); err != nil {
+	if err := awaitJournaled(ctx, at, messageIDs(record, alice.UserID, bot.UserID)); err != nil {
 		logf("%v", err)
 	}
 	stopped = true
@@ -290,12 +318,15 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	if res.CutSends, err = cutSends(filepath.Join(hsDir, "dendrite.log")); err != nil {
 		return res, err
 	}
-	storage := filepath.Join(res.Dir, "storage")
-	if res.Journal, err = readJournal(ctx, storage, agentName, res.Posted.Messages,
+	if res.Journal, err = readJournal(ctx, at, agentName, res.Posted.Messages,
 		messageIDs(record, alice.UserID, bot.UserID), res.Server.Answers); err != nil {
 		return res, err
 	}
-	status, err := exec.CommandContext(ctx, bin, "status", "-storage", storage).CombinedOutput()
+	statusArgs := []string{"status", "-storage", at.storage}
+	if urlFile != "" {
+		statusArgs = append(statusArgs, "-database-url-file", urlFile)
+	}
+	status, err := exec.CommandContext(ctx, bin, statusArgs...).CombinedOutput()
 	res.Status = string(status)
 	if err != nil {
 		return res, fmt.Errorf("mindroomd status: %w: %s", err, status)
@@ -368,8 +399,9 @@ runpy.run_path(%s, run_name="__main__")
 `
 
 // writeConfig writes the daemon's configuration, the agent's password and,
-// for the exec back-end, the agent's wrapper into dir.
-func writeConfig(dir, homeserver string, bot dendrite.Account, o options, python string) (string, error) {
+// for the exec back-end, the agent's wrapper into dir. A urlFile puts the
+// journal in the PostgreSQL database it names.
+func writeConfig(dir, homeserver string, bot dendrite.Account, o options, python, urlFile string) (string, error) {
 	if err := os.WriteFile(filepath.Join(dir, agentName+".password"), []byte(bot.Password+"\n"), 0o600); err != nil {
 		return "", err
 	}
@@ -396,16 +428,24 @@ func writeConfig(dir, homeserver string, bot dendrite.Account, o options, python
 		}
 		backend = fmt.Sprintf("      type: exec\n      command: %s\n      timeout: %s\n", command, execTimeout)
 	}
+	database := ""
+	if urlFile != "" {
+		quoted, err := json.Marshal(urlFile)
+		if err != nil {
+			return "", err
+		}
+		database = fmt.Sprintf("database_url_file: %s\n", quoted)
+	}
 	cfg := fmt.Sprintf(`homeserver: %s
 storage: ./storage
-listen: 127.0.0.1:0
+%slisten: 127.0.0.1:0
 agents:
   - name: %s
     user_id: "%s"
     password_file: ./%s.password
     auto_join: true
     backend:
-%s`, homeserver, agentName, bot.UserID, agentName, backend)
+%s`, homeserver, database, agentName, bot.UserID, agentName, backend)
 	path := filepath.Join(dir, "mindroom.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }
@@ -457,14 +497,14 @@ func awaitSeen(ctx context.Context, obs *observer, eventID string) error {
 	return nil
 }
 
-// awaitJournaled waits until the journal under storage holds every one of
-// ids, reading it read-only beside the running daemon.
-func awaitJournaled(ctx context.Context, storage string, ids []string) error {
+// awaitJournaled waits until the journal at holds every one of ids,
+// reading it read-only beside the running daemon.
+func awaitJournaled(ctx context.Context, at journalAt, ids []string) error {
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	var missing int
 	for {
-		class, err := readAgentEvents(ctx, storage, agentName)
+		class, err := readAgentEvents(ctx, at, agentName)
 		if err == nil {
 			missing = 0
 			for _, id := range ids {
