@@ -64,11 +64,10 @@ func (j journalAt) String() string {
 	return "SQLite"
 }
 
-// journalDB is an open journal and the texts of the queries with bound
-// values in its database's dialect.
+// journalDB is an open journal and which dialect its database speaks.
 type journalDB struct {
 	*sql.DB
-	agentEvents, replyDelivery string
+	postgres bool
 }
 
 // open opens the journal for reading only: nothing this process does can
@@ -79,7 +78,7 @@ func (j journalAt) open() (*journalDB, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &journalDB{DB: db, agentEvents: selectAgentEvents, replyDelivery: selectReplyDelivery}, nil
+		return &journalDB{DB: db}, nil
 	}
 	cfg, err := pgx.ParseConfig(j.pgURL)
 	if err != nil {
@@ -88,7 +87,7 @@ func (j journalAt) open() (*journalDB, error) {
 	}
 	// PostgreSQL itself refuses every write of such a session.
 	cfg.RuntimeParams["default_transaction_read_only"] = "on"
-	return &journalDB{DB: stdlib.OpenDB(*cfg), agentEvents: selectAgentEventsPG, replyDelivery: selectReplyDeliveryPG}, nil
+	return &journalDB{DB: stdlib.OpenDB(*cfg), postgres: true}, nil
 }
 
 // journalTally is what the journal holds after the daemon stopped.
@@ -159,7 +158,11 @@ func readJournal(ctx context.Context, at journalAt, agent string, msgs []sent, o
 	}
 	for _, a := range answers {
 		var acked string
-		err := db.QueryRowContext(ctx, db.replyDelivery, agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
+		query := selectReplyDelivery
+		if db.postgres {
+			query = selectReplyDeliveryPG
+		}
+		err := db.QueryRowContext(ctx, query, agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return t, fmt.Errorf("read the delivery of %s: %w", a.ID, err)
 		}
@@ -199,7 +202,11 @@ func readAgentEvents(ctx context.Context, at journalAt, agent string) (map[strin
 
 // agentEvents is the class of each event the agent's principals hold.
 func agentEvents(ctx context.Context, db *journalDB, agent string) (map[string]int64, error) {
-	rows, err := db.QueryContext(ctx, db.agentEvents, agent)
+	query := selectAgentEvents
+	if db.postgres {
+		query = selectAgentEventsPG
+	}
+	rows, err := db.QueryContext(ctx, query, agent)
 	if err != nil {
 		return nil, fmt.Errorf("read the agent's events: %w", err)
 	}
