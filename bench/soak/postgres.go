@@ -10,28 +10,12 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
 // pgAdminTimeout bounds making or dropping the soak's schema on a server
 // of pg.EnvURL's.
 const pgAdminTimeout = 30 * time.Second
-
-// An identifier cannot be a bound parameter, so the soak's schema is made
-// and dropped through a function of the session's own (pg_temp, gone with
-// the connection) that quotes the name it is given.
-const (
-	createDDLFunction = `CREATE FUNCTION pg_temp.ddl(tmpl text, name text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE format(tmpl, name);
-END
-$$`
-	createSchema = `SELECT pg_temp.ddl('CREATE SCHEMA %I', $1)`
-	dropSchema   = `SELECT pg_temp.ddl('DROP SCHEMA IF EXISTS %I CASCADE', $1)`
-)
 
 // pgJournal is the PostgreSQL the daemon keeps its journal in under -pg: a
 // durable cluster (every commit synced to disk) launched in the working
@@ -78,32 +62,13 @@ func newSchema(ctx context.Context, raw string) (*pgJournal, error) {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b) // crypto/rand's Read never fails
 	j := &pgJournal{admin: raw, schema: "soak_" + hex.EncodeToString(b)}
-	if err := j.ddl(ctx, createSchema); err != nil {
-		return nil, fmt.Errorf("create schema %s on %s: %w", j.schema, u.Host, err)
-	}
-	q := u.Query()
-	q.Set("search_path", j.schema)
-	u.RawQuery = q.Encode()
-	j.url = u.String()
-	j.where = fmt.Sprintf("schema %s of the server at %s (%s)", j.schema, u.Host, pg.EnvURL)
-	return j, nil
-}
-
-// ddl runs one of the schema statements on the soak's schema, on a
-// connection of its own.
-func (j *pgJournal) ddl(ctx context.Context, stmt string) error {
 	ctx, cancel := context.WithTimeout(ctx, pgAdminTimeout)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, j.admin)
-	if err != nil {
-		return err
+	if j.url, err = pg.CreateSchema(ctx, raw, j.schema); err != nil {
+		return nil, fmt.Errorf("create schema %s on %s: %w", j.schema, u.Host, err)
 	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, createDDLFunction); err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, stmt, j.schema)
-	return err
+	j.where = fmt.Sprintf("schema %s of the server at %s (%s)", j.schema, u.Host, pg.EnvURL)
+	return j, nil
 }
 
 // writeURL writes the daemon's URL into path, readable by its owner alone.
@@ -122,5 +87,7 @@ func (j *pgJournal) finish(drop bool, logf func(string, ...any)) error {
 		logf("journal kept in %s", j.where)
 		return nil
 	}
-	return j.ddl(context.Background(), dropSchema)
+	ctx, cancel := context.WithTimeout(context.Background(), pgAdminTimeout)
+	defer cancel()
+	return pg.DropSchema(ctx, j.admin, j.schema)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net/url"
 	"strconv"
 	"testing"
@@ -38,22 +39,43 @@ func (c *Cluster) Schema(tb testing.TB) string {
 	name := c.newName("t")
 	ctx, cancel := context.WithTimeout(tb.Context(), adminTimeout)
 	defer cancel()
-	if err := c.ddl(ctx, createSchema, name); err != nil {
+	u, err := CreateSchema(ctx, c.url, name)
+	if err != nil {
 		tb.Fatalf("create schema %s on %s: %v", name, c.addr, err)
 	}
 	tb.Cleanup(func() {
 		// tb's context is done by now; the drop gets its own.
 		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 		defer cancel()
-		if err := c.ddl(ctx, dropSchema, name); err != nil {
+		if err := DropSchema(ctx, c.url, name); err != nil {
 			tb.Errorf("drop schema %s on %s: %v", name, c.addr, err)
 		}
 	})
-	u := c.parsedURL(tb)
+	return u
+}
+
+// CreateSchema makes the schema name on the server server names and
+// returns a URL of that server whose connections have search_path set to
+// the schema alone. For programs that are not tests (Cluster.Schema is the
+// tests' way); no error repeats server, which may hold a password.
+func CreateSchema(ctx context.Context, server, name string) (string, error) {
+	u, err := url.Parse(server)
+	if err != nil {
+		return "", errors.New("the server's URL does not parse")
+	}
+	if err := ddl(ctx, server, createSchema, name); err != nil {
+		return "", err
+	}
 	q := u.Query()
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
-	return u.String()
+	return u.String(), nil
+}
+
+// DropSchema drops the schema name, and everything in it, on the server
+// server names.
+func DropSchema(ctx context.Context, server, name string) error {
+	return ddl(ctx, server, dropSchema, name)
 }
 
 // newName is a name no other test has: a counter for this cluster, and
@@ -64,20 +86,10 @@ func (c *Cluster) newName(prefix string) string {
 	return prefix + "_" + strconv.FormatUint(c.seq.Add(1), 10) + "_" + hex.EncodeToString(b)
 }
 
-// parsedURL is the cluster's URL, parsed. Its errors do not repeat the
-// URL, which may hold a password.
-func (c *Cluster) parsedURL(tb testing.TB) *url.URL {
-	tb.Helper()
-	u, err := url.Parse(c.url)
-	if err != nil {
-		tb.Fatalf("the URL of the server at %s does not parse", c.addr)
-	}
-	return u
-}
-
-// ddl runs one of the schema statements with name on a new connection.
-func (c *Cluster) ddl(ctx context.Context, stmt, name string) error {
-	conn, err := pgx.Connect(ctx, c.url)
+// ddl runs one of the schema statements with name on a new connection to
+// server.
+func ddl(ctx context.Context, server, stmt, name string) error {
+	conn, err := pgx.Connect(ctx, server)
 	if err != nil {
 		return err
 	}
