@@ -175,11 +175,6 @@ func TestACommitInOneProcessWakesTheSubscribersOfAnother(t *testing.T) {
 	v := view(t, writer, "bot", "@bot:example.org")
 	sub := other.Hints().Subscribe(v.Principal().String())
 	defer sub.Close()
-	// Opening woke every subscriber once; start from none.
-	select {
-	case <-sub.C():
-	default:
-	}
 	if err := admit(t.Context(), v, "$n1", 1000); err != nil {
 		t.Fatal(err)
 	}
@@ -211,6 +206,7 @@ func TestALostListenerConnectionWakesEverySubscriberOnceItIsBack(t *testing.T) {
 	defer sub.Close()
 	select {
 	case <-sub.C():
+		t.Fatal("a subscriber was woken with nothing committed and nothing lost")
 	default:
 	}
 	admin := connect(t, u)
@@ -335,12 +331,6 @@ func TestAStoresOwnCommitWakesItsSubscribersOnceNotAgainThroughTheListener(t *te
 	defer subP.Close()
 	subQ := s.Hints().Subscribe(q.Principal().String())
 	defer subQ.Close()
-	for _, sub := range []*hint.Subscription{subP, subQ} {
-		select { // the wake of opening
-		case <-sub.C():
-		default:
-		}
-	}
 	if err := admit(t.Context(), p, "$own", 1000); err != nil {
 		t.Fatal(err)
 	}
@@ -401,5 +391,45 @@ func TestSettledRowsKeepNoPayload(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("(state, payload kept) = %v, want %v", got, want)
+	}
+}
+
+// A transaction PostgreSQL aborts as a deadlock victim is run again from
+// its start: the first insert of the journal fails once, injected by a
+// trigger, and the admission still commits, once.
+func TestAWriteAbortedAsADeadlockVictimIsRunAgain(t *testing.T) {
+	u := cluster.Schema(t)
+	s := mustOpen(t, u)
+	v := view(t, s, "bot", "@bot:example.org")
+	conn := connect(t, u)
+	// A sequence is not rolled back with the aborted transaction, so it
+	// counts the attempts.
+	for _, stmt := range []string{
+		`CREATE SEQUENCE attempts`,
+		`CREATE FUNCTION fail_first() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('attempts') = 1 THEN
+				RAISE EXCEPTION 'injected deadlock' USING ERRCODE = '40P01';
+			END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER fail_first BEFORE INSERT ON journal_events FOR EACH ROW EXECUTE FUNCTION fail_first()`,
+	} {
+		if _, err := conn.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admit(t.Context(), v, "$retried", 1000); err != nil {
+		t.Fatalf("an admission whose first attempt was a deadlock victim: %v", err)
+	}
+	var attempts, rows int64
+	if err := conn.QueryRow(t.Context(), `SELECT last_value FROM attempts`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM journal_events WHERE event_id = '$retried'`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 || rows != 1 {
+		t.Fatalf("%d attempts and %d rows, want the failed one and one more, and the event once", attempts, rows)
 	}
 }

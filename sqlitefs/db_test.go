@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -504,5 +505,27 @@ func TestOpeningMakesLooseStorageModesPrivate(t *testing.T) {
 		if got := fi.Mode().Perm(); got != want {
 			t.Errorf("%s has mode %o, want %o", name, got, want)
 		}
+	}
+}
+
+// The writer names the maintenance it runs ("checkpoint"), so a checkpoint
+// run on its connection reports its failure bare, not named a second time.
+func TestACheckpointOnTheWritersConnectionLeavesItsErrorToBeNamedByTheWriter(t *testing.T) {
+	db, err := sql.Open("sqlite3", filepath.Join(t.TempDir(), "x.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	_, err = sqlitefs.CheckpointOn(context.Background(), conn)
+	if err == nil {
+		t.Fatal("a checkpoint on a closed connection succeeded")
+	}
+	if strings.Contains(err.Error(), "checkpoint") {
+		t.Fatalf("the error names itself, so the writer's name would repeat it: %v", err)
 	}
 }
