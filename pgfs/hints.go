@@ -75,13 +75,13 @@ const (
 
 // listen relays notifications to the bus until ctx ends, reconnecting
 // after a lost connection. A notification sent while no connection
-// listened is gone, so every (re)connection wakes every subscriber, and
-// each re-reads from its own cursor.
+// listened is gone, so every reconnection wakes every subscriber, and each
+// re-reads from its own cursor. (Open listened before it returned: nothing
+// was missed then.)
 func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) {
 	backoff := minListenBackoff
 	for {
 		if conn != nil {
-			s.hints.WakeAll()
 			err := s.relay(ctx, conn)
 			_ = conn.Close(context.Background())
 			if ctx.Err() != nil {
@@ -99,7 +99,9 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 		if conn, err = listenConn(ctx, cfg); err != nil {
 			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("Hint listener cannot connect")
 			backoff = min(2*backoff, maxListenBackoff)
+			continue
 		}
+		s.hints.WakeAll()
 	}
 }
 
