@@ -40,10 +40,10 @@ type AdmissionStore interface {
 	// ThreadOf returns the thread key of the principal's admitted eventID
 	// in room; ok is false when it holds no such event.
 	ThreadOf(room, eventID string) (thread string, ok bool, err error)
-	// Insert journals ev under epoch unless the principal holds its ID
-	// already (admitted is false then). A pending row keeps ev's canonical
-	// payload; a settled one keeps its identity alone.
-	Insert(ev *Event, class Class, pending bool, epoch int64) (seq int64, admitted bool, err error)
+	// Insert journals ev in thread under epoch unless the principal holds
+	// its ID already (admitted is false then). A pending row keeps ev's
+	// canonical payload; a settled one keeps its identity alone.
+	Insert(ev *Event, thread string, class Class, pending bool, epoch int64) (seq int64, admitted bool, err error)
 	// Known returns the position and thread key of an event the principal
 	// journaled in room.
 	Known(room, eventID string) (seq int64, thread string, err error)
@@ -207,11 +207,9 @@ func insert(s AdmissionStore, ev *Event, class Class, epoch int64) (int64, bool,
 			thread = t
 		}
 	}
-	prev := ev.Thread
-	ev.Thread = thread
-	seq, admitted, err := s.Insert(ev, class, class == Actionable, epoch)
-	if err != nil || !admitted {
-		ev.Thread = prev
+	seq, admitted, err := s.Insert(ev, thread, class, class == Actionable, epoch)
+	if admitted {
+		ev.Thread = thread
 	}
 	return seq, admitted, err
 }

@@ -43,3 +43,15 @@ func TestACoverageMarkerIsWrittenOnlyUnderTheMembershipItsWalkBeganIn(t *testing
 		})
 	}
 }
+
+func TestARefreshDebtIsOwedOnlyWithATokenAndWhileInTheRoom(t *testing.T) {
+	for _, c := range []struct {
+		token    int64
+		departed bool
+		owed     bool
+	}{{7, false, true}, {0, false, false}, {7, true, false}} {
+		if got := (journal.RefreshDebt{Token: c.token}).Owed(c.departed); got != c.owed {
+			t.Errorf("token %d, departed %v: owed %v, want %v", c.token, c.departed, got, c.owed)
+		}
+	}
+}

@@ -53,6 +53,11 @@ type RefreshDebt struct {
 	Token int64
 }
 
+// Owed reports whether the debt is one to pay: the row owes a refetch, and
+// the principal is in the room, since nothing is fetched for a membership
+// that ended.
+func (d RefreshDebt) Owed(departed bool) bool { return d.Token != 0 && !departed }
+
 // Refetched is the server's copy of one logical message.
 type Refetched struct {
 	Debt     RefreshDebt

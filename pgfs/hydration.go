@@ -77,7 +77,7 @@ func (s *Store) refreshDebt(ctx context.Context, p Principal, room, eventID stri
 	if err != nil {
 		return d, false, fmt.Errorf("read refresh debt: %w", err)
 	}
-	return d, d.Token != 0 && !departed, nil
+	return d, d.Owed(departed), nil
 }
 
 // ApplyRefetch installs the server's copy of one of p's messages owing a

@@ -113,14 +113,14 @@ func (a *admission) ThreadOf(room, eventID string) (string, bool, error) {
 }
 
 // Insert implements journal.AdmissionStore.
-func (a *admission) Insert(ev *journal.Event, class journal.Class, pending bool, epoch int64) (int64, bool, error) {
+func (a *admission) Insert(ev *journal.Event, thread string, class journal.Class, pending bool, epoch int64) (int64, bool, error) {
 	state := stateSettled
 	var payload any // NULL: a settled row keeps no payload
 	if pending {
 		state, payload = statePending, string(ev.Canonical)
 	}
 	var seq int64
-	err := a.tx.queryRow(insertJournalEvent, a.p.ID, ev.ID, ev.RoomID, ev.Thread, ev.Target, int16(ev.Kind),
+	err := a.tx.queryRow(insertJournalEvent, a.p.ID, ev.ID, ev.RoomID, thread, ev.Target, int16(ev.Kind),
 		int16(class), int16(ev.Provenance), int16(state), epoch, a.tx.nowMS(), payload).Scan(&seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil // already admitted

@@ -97,14 +97,14 @@ func (a *admission) ThreadOf(room, eventID string) (string, bool, error) {
 }
 
 // Insert implements journal.AdmissionStore.
-func (a *admission) Insert(ev *journal.Event, class journal.Class, pending bool, epoch int64) (int64, bool, error) {
+func (a *admission) Insert(ev *journal.Event, thread string, class journal.Class, pending bool, epoch int64) (int64, bool, error) {
 	state := stateSettled
 	if pending {
 		state = statePending
 	}
 	// Exec rather than RETURNING: a query in a transaction costs
 	// database/sql a goroutine, an insert does not.
-	r, err := a.tx.exec(insertJournalEvent, a.p.ID, IDHash(ev.ID), ev.ID, ev.RoomID, ev.Thread, ev.Target, int(ev.Kind),
+	r, err := a.tx.exec(insertJournalEvent, a.p.ID, IDHash(ev.ID), ev.ID, ev.RoomID, thread, ev.Target, int(ev.Kind),
 		int(class), int(ev.Provenance), state, epoch, a.tx.nowMS())
 	if err != nil {
 		return 0, false, err
