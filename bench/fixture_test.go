@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/store"
 )
@@ -129,7 +130,7 @@ func buildStoreFixture(ctx context.Context, dir string, spec fixtureSpec) (strin
 			s.Close()
 			return "", err
 		}
-		sp, ok, err := s.DB().LookupPrincipal(ctx, journal.Principal{Agent: agentName(p), UserID: agentUser(p)})
+		sp, ok, err := journalsql.LookupPrincipal(ctx, s.DB().Reader(), journal.Principal{Agent: agentName(p), UserID: agentUser(p)})
 		if err != nil || !ok {
 			s.Close()
 			return "", fmt.Errorf("principal %d not registered: %v", p, err)
@@ -263,7 +264,7 @@ func openBuild(ctx context.Context, path string) (*sql.DB, error) {
 func principalIDs(ctx context.Context, s *store.Store, n int) ([]int64, error) {
 	ids := make([]int64, n)
 	for p := range ids {
-		sp, ok, err := s.DB().LookupPrincipal(ctx, journal.Principal{Agent: agentName(p), UserID: agentUser(p)})
+		sp, ok, err := journalsql.LookupPrincipal(ctx, s.DB().Reader(), journal.Principal{Agent: agentName(p), UserID: agentUser(p)})
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/store"
 	"reflect"
 	"testing"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 	"github.com/mindroomd/mindroomd/testsupport/pg"
@@ -55,10 +55,10 @@ var errAllRoomsSeen = errors.New("all rooms seen")
 // it, registers spec's principals through it and loads spec's
 // messages as admission leaves settled live text messages. It returns the
 // open store, closed when b ends, and the principals' row IDs.
-func loadPGStore(b *testing.B, url string, spec fixtureSpec) (*pgfs.Store, []int64) {
+func loadPGStore(b *testing.B, url string, spec fixtureSpec) (*store.Store, []int64) {
 	b.Helper()
 	ctx := context.Background()
-	s, err := pgfs.Open(ctx, pgfs.Options{URL: url})
+	s, err := store.Open(ctx, store.Options{DatabaseURL: url})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func checkPGFixture(b *testing.B, c *pg.Cluster) {
 	}
 
 	clock := &testsupport.Clock{T: time.UnixMilli(fixtureReceivedMS)}
-	s, err := pgfs.Open(ctx, pgfs.Options{URL: admittedURL, Now: clock.Now})
+	s, err := store.Open(ctx, store.Options{DatabaseURL: admittedURL, Now: clock.Now})
 	if err != nil {
 		b.Fatal(err)
 	}

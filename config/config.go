@@ -90,6 +90,9 @@ const redacted = "[redacted]"
 // without leaking; only Reveal returns the value.
 type Secret struct{ v string }
 
+// NewSecret holds v as a secret, as a value read from a file is held.
+func NewSecret(v string) Secret { return Secret{v: v} }
+
 // Reveal returns the secret itself, for the one place that sends it.
 func (s Secret) Reveal() string { return s.v }
 

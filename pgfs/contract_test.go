@@ -2,6 +2,7 @@ package pgfs_test
 
 import (
 	"context"
+	"github.com/mindroomd/mindroomd/store"
 	"os"
 	"testing"
 
@@ -9,7 +10,6 @@ import (
 
 	"github.com/mindroomd/mindroomd/contract"
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
@@ -36,9 +36,9 @@ func (b *pgBackend) Open(tb testing.TB) journal.Store {
 	return mustOpen(tb, b.url)
 }
 
-func mustOpen(tb testing.TB, url string) *pgfs.Store {
+func mustOpen(tb testing.TB, url string) *store.Store {
 	tb.Helper()
-	s, err := pgfs.Open(context.Background(), pgfs.Options{URL: url})
+	s, err := store.Open(context.Background(), store.Options{DatabaseURL: url})
 	if err != nil {
 		tb.Fatalf("open journal: %v", err)
 	}

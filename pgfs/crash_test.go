@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/store"
 	"net/url"
 	"os"
 	"testing"
@@ -12,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/testsupport/crash"
 )
 
@@ -32,8 +32,8 @@ const (
 // client's sessions usually end within milliseconds.
 const quiescePoll = 5 * time.Millisecond
 
-func openCrashStore(ctx context.Context, dbURL string) (*pgfs.Store, error) {
-	return pgfs.Open(ctx, pgfs.Options{URL: dbURL})
+func openCrashStore(ctx context.Context, dbURL string) (*store.Store, error) {
+	return store.Open(ctx, store.Options{DatabaseURL: dbURL})
 }
 
 // connectCrash connects to the journal's schema. A parse error would quote
@@ -49,8 +49,8 @@ func connectCrash(ctx context.Context, dbURL string) (*pgx.Conn, error) {
 
 // crashEventIDs reads the journal's rows beneath the store, on a
 // connection of its own.
-func crashEventIDs(dbURL string) func(context.Context, *pgfs.Store) ([]string, error) {
-	return func(ctx context.Context, _ *pgfs.Store) ([]string, error) {
+func crashEventIDs(dbURL string) func(context.Context, *store.Store) ([]string, error) {
+	return func(ctx context.Context, _ *store.Store) ([]string, error) {
 		conn, err := connectCrash(ctx, dbURL)
 		if err != nil {
 			return nil, err
@@ -103,7 +103,7 @@ func TestCrashChildProcess(t *testing.T) {
 	if dbURL == "" {
 		return
 	}
-	crash.Child(t, func(ctx context.Context) (*pgfs.Store, error) { return openCrashStore(ctx, dbURL) })
+	crash.Child(t, func(ctx context.Context) (*store.Store, error) { return openCrashStore(ctx, dbURL) })
 }
 
 // The kill ends the client alone: the server keeps running, and must roll
@@ -126,10 +126,10 @@ func TestCrashSIGKILLMidAdmissionLosesNoAcknowledgedBatchAndTearsNone(t *testing
 	childURL := u.String()
 	quiesce := crashQuiesce(schema, app)
 	checkQuiesceSeesChild(t, schema, childURL, app, quiesce)
-	crash.Run(t, crash.Seed(t), crash.Journal[*pgfs.Store]{
+	crash.Run(t, crash.Seed(t), crash.Journal[*store.Store]{
 		ChildTest: "TestCrashChildProcess",
 		Env:       []string{crashChildURLEnv + "=" + childURL},
-		Open:      func(ctx context.Context) (*pgfs.Store, error) { return openCrashStore(ctx, schema) },
+		Open:      func(ctx context.Context) (*store.Store, error) { return openCrashStore(ctx, schema) },
 		EventIDs:  crashEventIDs(schema),
 		Quiesce:   quiesce,
 	})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
 )
 
 const (
@@ -44,9 +45,6 @@ var (
 	ErrForeignDatabase = errors.New("the schema holds tables that are not a mindroomd journal")
 	// ErrNoJournal reports a database (or schema) holding no journal yet.
 	ErrNoJournal = errors.New("no mindroomd journal in this database")
-	// ErrUnknownPrincipal reports, on a read-only store, a principal the
-	// journal never registered.
-	ErrUnknownPrincipal = errors.New("the journal has no such principal")
 )
 
 // Options configure Open.
@@ -87,12 +85,7 @@ type Store struct {
 	stopListen context.CancelFunc
 	listening  sync.WaitGroup
 	closeOnce  sync.Once
-
-	mu         sync.Mutex
-	principals map[journal.Principal]*View
 }
-
-var _ journal.Store = (*Store)(nil)
 
 // Open connects, migrates the schema and starts the hint listener.
 func Open(ctx context.Context, opts Options) (*Store, error) {
@@ -105,8 +98,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget, origin: uuid.NewString(),
-		principals: make(map[journal.Principal]*View)}
+	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget, origin: uuid.NewString()}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -233,46 +225,31 @@ func (t *Tx) nowMS() int64 { return t.now.UnixMilli() }
 // serialization conflict: the command is run again from the start.
 const maxAttempts = 5
 
-// write runs one command for p in its own transaction, after locking p's
-// row, and publishes its hints once it has committed. A transaction
-// PostgreSQL aborted as a deadlock victim is run again.
-func write[T any](ctx context.Context, s *Store, p Principal, name string, run func(tx *Tx) (T, []hint.Hint, error)) (T, error) {
-	var zero T
-	for attempt := 1; ; attempt++ {
-		out, hints, err := writeOnce(ctx, s, p, run)
-		if err == nil {
-			s.publish(hints)
-			return out, nil
-		}
-		if attempt == maxAttempts || !retryable(err) {
-			return zero, fmt.Errorf("%s: %w", name, err)
-		}
-	}
-}
-
-func writeOnce[T any](ctx context.Context, s *Store, p Principal, run func(tx *Tx) (T, []hint.Hint, error)) (T, []hint.Hint, error) {
-	var zero T
+// writeOnce runs one command of principal in its own transaction, after
+// locking the principal's row, and queues its hints as notifications that
+// PostgreSQL delivers on commit.
+func (s *Store) writeOnce(ctx context.Context, principal int64, run func(journalsql.Tx) ([]hint.Hint, error)) ([]hint.Hint, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return zero, nil, redact(err)
+		return nil, redact(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	var lease int64
-	if err := tx.QueryRow(ctx, lockPrincipal, p.ID).Scan(&lease); err != nil {
-		return zero, nil, fmt.Errorf("lock principal: %w", err)
+	if err := tx.QueryRow(ctx, lockPrincipal, principal).Scan(&lease); err != nil {
+		return nil, fmt.Errorf("lock principal: %w", err)
 	}
 	t := &Tx{ctx: ctx, tx: tx, now: s.now()}
-	out, hints, err := run(t)
+	hints, err := run(t)
 	if err != nil {
-		return zero, nil, err
+		return nil, err
 	}
 	if err := s.notify(t, hints); err != nil {
-		return zero, nil, err
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return zero, nil, mapErr(err)
+		return nil, mapErr(err)
 	}
-	return out, hints, nil
+	return hints, nil
 }
 
 // retryable reports the aborts PostgreSQL asks a client to retry.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"github.com/mindroomd/mindroomd/store"
 	"net/url"
 	"strings"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/pgfs"
 )
 
 const (
@@ -76,12 +76,12 @@ func TestPlanPagesWalkTheIndexBackwardFromTheCursor(t *testing.T) {
 	q := u.Query()
 	q.Set("application_name", app)
 	u.RawQuery = q.Encode()
-	store, err := pgfs.Open(ctx, pgfs.Options{URL: u.String(), MaxConns: 1})
+	s, err := store.Open(ctx, store.Options{DatabaseURL: u.String(), MaxConns: 1})
 	if err != nil {
 		t.Fatalf("open journal: %v", err)
 	}
-	t.Cleanup(func() { _ = store.Close() })
-	view, err := store.Principal(ctx, planAgent, planUserID)
+	t.Cleanup(func() { _ = s.Close() })
+	view, err := s.Principal(ctx, planAgent, planUserID)
 	if err != nil {
 		t.Fatalf("principal: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
 )
 
 // A page is one statement on visible_messages_page, newest first from a
@@ -72,10 +73,10 @@ type pageQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// read returns one bounded page of a conversation for p, newest rows read
+// Read returns one bounded page of a conversation for p, newest rows read
 // first and returned oldest first; package journal decides what the page
 // holds.
-func (s *Store) read(ctx context.Context, p Principal, req journal.ReadRequest) (journal.Page, error) {
+func (s *Store) Read(ctx context.Context, p journalsql.Principal, req journal.ReadRequest) (journal.Page, error) {
 	thread, err := journal.ValidateRead(req)
 	if err != nil {
 		return journal.Page{}, err
@@ -117,22 +118,15 @@ func (s *Store) read(ctx context.Context, p Principal, req journal.ReadRequest) 
 	if err := rows.Err(); err != nil {
 		return journal.Page{}, fmt.Errorf("read page: %w", err)
 	}
-	if thread != "" && !b.Full() {
-		root, visible, err := scanMessage(q.QueryRow(ctx, readThreadRoot, p.ID, thread, req.RoomID), req.RoomID)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return journal.Page{}, fmt.Errorf("read thread root: %w", err)
-		default:
-			b.Add(root, visible)
-		}
-	}
-	return b.Page(), nil
+	err = journalsql.AddThreadRoot(b, thread, func() (journal.Message, bool, error) {
+		return scanMessage(q.QueryRow(ctx, readThreadRoot, p.ID, thread, req.RoomID), req.RoomID)
+	}, func(err error) bool { return errors.Is(err, pgx.ErrNoRows) })
+	return b.Page(), err
 }
 
-// latestVisibleEventID returns the ID the newest message of a
+// LatestVisibleEventID returns the ID the newest message of a
 // conversation answers to; a thread's root does not count as its latest.
-func (s *Store) latestVisibleEventID(ctx context.Context, p Principal, room string, thread *string) (string, bool, error) {
+func (s *Store) LatestVisibleEventID(ctx context.Context, p journalsql.Principal, room string, thread *string) (string, bool, error) {
 	key, err := journal.EncodeThread(thread)
 	if err != nil {
 		return "", false, err

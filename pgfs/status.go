@@ -3,8 +3,6 @@ package pgfs
 import (
 	"context"
 	"fmt"
-
-	"github.com/mindroomd/mindroomd/journal"
 )
 
 // selectStatus reads every figure of every principal in one statement, so
@@ -30,29 +28,6 @@ const selectSize = `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigi
 	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 	WHERE n.nspname = current_schema() AND c.relkind = 'r'`
 
-// Status summarises every principal. It counts rows, so it is an operator
-// command, not a hot path.
-func (s *Store) Status(ctx context.Context) ([]journal.PrincipalStatus, error) {
-	rows, err := s.pool.Query(ctx, selectStatus)
-	if err != nil {
-		return nil, fmt.Errorf("read status: %w", err)
-	}
-	defer rows.Close()
-	var out []journal.PrincipalStatus
-	for rows.Next() {
-		var st journal.PrincipalStatus
-		if err := rows.Scan(&st.Agent, &st.UserID, &st.HasSyncToken, &st.SyncTokenMS, &st.Events, &st.Pending, &st.Visible,
-			&st.Queued, &st.Attempted, &st.Acknowledged, &st.Failed, &st.Retired, &st.OwedDepartures); err != nil {
-			return nil, fmt.Errorf("read status: %w", err)
-		}
-		out = append(out, st)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read status: %w", err)
-	}
-	return out, nil
-}
-
 // Size is the bytes the journal's tables and their indexes take.
 func (s *Store) Size(ctx context.Context) (int64, error) {
 	var n int64
@@ -70,24 +45,3 @@ const selectBacklog = `SELECT p.agent, p.user_id,
 		(SELECT count(*) FROM delivery_outbox o WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 0),
 		(SELECT count(*) FROM delivery_outbox o WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 1)
 	FROM principals p ORDER BY p.agent, p.user_id`
-
-// Backlogs reads what every principal still owes.
-func (s *Store) Backlogs(ctx context.Context) ([]journal.Backlog, error) {
-	rows, err := s.pool.Query(ctx, selectBacklog)
-	if err != nil {
-		return nil, fmt.Errorf("read backlog: %w", err)
-	}
-	defer rows.Close()
-	var out []journal.Backlog
-	for rows.Next() {
-		var b journal.Backlog
-		if err := rows.Scan(&b.Agent, &b.UserID, &b.Pending, &b.Queued, &b.Attempted); err != nil {
-			return nil, fmt.Errorf("read backlog: %w", err)
-		}
-		out = append(out, b)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read backlog: %w", err)
-	}
-	return out, nil
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/store"
 	"net/url"
 	"strings"
 	"sync"
@@ -167,7 +168,7 @@ func awaitWake(t *testing.T, sub *hint.Subscription, what string) {
 func TestACommitInOneProcessWakesTheSubscribersOfAnother(t *testing.T) {
 	u := cluster.Schema(t)
 	writer := mustOpen(t, u)
-	other, err := pgfs.Open(t.Context(), pgfs.Options{URL: u, Hints: &hint.Bus{}})
+	other, err := store.Open(t.Context(), store.Options{DatabaseURL: u, Hints: &hint.Bus{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestAnOpenRefusesAForeignSchemaAndANewerJournal(t *testing.T) {
 	if _, err := conn.Exec(t.Context(), `CREATE TABLE invoices (id int)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgfs.Open(t.Context(), pgfs.Options{URL: u}); !errors.Is(err, pgfs.ErrForeignDatabase) {
+	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u}); !errors.Is(err, pgfs.ErrForeignDatabase) {
 		t.Fatalf("open of a schema holding another application's table: %v, want %v", err, pgfs.ErrForeignDatabase)
 	}
 
@@ -240,10 +241,10 @@ func TestAnOpenRefusesAForeignSchemaAndANewerJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	var newer *pgfs.NewerDatabaseError
-	if _, err := pgfs.Open(t.Context(), pgfs.Options{URL: u}); !errors.As(err, &newer) || newer.Version != 99 {
+	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u}); !errors.As(err, &newer) || newer.Version != 99 {
 		t.Fatalf("open of a journal migrated by a newer binary: %v", err)
 	}
-	if _, err := pgfs.Open(t.Context(), pgfs.Options{URL: u, ReadOnly: true}); !errors.As(err, &newer) {
+	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u, ReadOnly: true}); !errors.As(err, &newer) {
 		t.Fatalf("read-only open of a newer journal: %v", err)
 	}
 }
@@ -280,12 +281,12 @@ func TestAReadOnlyStoreWritesNothingAndRegistersNoPrincipal(t *testing.T) {
 	if err := admit(t.Context(), view(t, w, "bot", "@bot:example.org"), "$m", 1000); err != nil {
 		t.Fatal(err)
 	}
-	ro, err := pgfs.Open(t.Context(), pgfs.Options{URL: u, ReadOnly: true})
+	ro, err := store.Open(t.Context(), store.Options{DatabaseURL: u, ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	if _, err := ro.Principal(t.Context(), "stranger", "@stranger:example.org"); !errors.Is(err, pgfs.ErrUnknownPrincipal) {
+	if _, err := ro.Principal(t.Context(), "stranger", "@stranger:example.org"); !errors.Is(err, store.ErrUnknownPrincipal) {
 		t.Fatalf("read-only Principal of an unknown principal: %v", err)
 	}
 	v := view(t, ro, "bot", "@bot:example.org")
@@ -305,7 +306,7 @@ func TestNoErrorOfOpeningRepeatsTheDatabasePassword(t *testing.T) {
 		"refused":    "postgres://mindroom:" + secret + "@127.0.0.1:1/db?connect_timeout=2",
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := pgfs.Open(t.Context(), pgfs.Options{URL: raw})
+			_, err := store.Open(t.Context(), store.Options{DatabaseURL: raw})
 			if err == nil {
 				t.Fatal("opened")
 			}
@@ -317,7 +318,7 @@ func TestNoErrorOfOpeningRepeatsTheDatabasePassword(t *testing.T) {
 	// The cluster's own URL with a wrong user, when the server checks it.
 	u, _ := url.Parse(cluster.URL())
 	u.User = url.UserPassword("nosuchuser", secret)
-	if _, err := pgfs.Open(t.Context(), pgfs.Options{URL: u.String()}); err != nil && strings.Contains(err.Error(), secret) {
+	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u.String()}); err != nil && strings.Contains(err.Error(), secret) {
 		t.Fatalf("the error shows the password: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,10 +24,10 @@ func TestABackupBesideAWritingJournalHoldsEverythingCommittedBeforeIt(t *testing
 	ctx := context.Background()
 	dir := t.TempDir()
 	db := openDB(t, dir)
-	var p sqlitefs.Principal
+	var p journalsql.Principal
 	b := beginBatch(t, db)
 	must(t, b.command(func(tx *sqlitefs.Tx) (err error) {
-		p, err = sqlitefs.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+		p, err = journalsql.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 		return err
 	}))
 	b.commit()

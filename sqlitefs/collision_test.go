@@ -3,6 +3,7 @@ package sqlitefs
 import (
 	"context"
 	"fmt"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"slices"
 	"testing"
 	"time"
@@ -34,16 +35,16 @@ func TestEventsWhoseIDsShareAHashAreTwoEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var p Principal
+	var p journalsql.Principal
 	writeTx(t, db, func(tx *Tx) (err error) {
-		p, err = RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+		p, err = journalsql.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 		return err
 	})
 	admit := func(evs ...mx.Ev) string {
 		t.Helper()
 		var res []journal.AdmitResult
 		writeTx(t, db, func(tx *Tx) (err error) {
-			res, _, err = AdmitBatch(tx, p, journal.Parse(mx.Live(room, evs...), collisionNow), "")
+			res, _, err = journalsql.AdmitBatch(tx, p, journal.Parse(mx.Live(room, evs...), collisionNow), "")
 			return err
 		})
 		out := ""
@@ -79,13 +80,13 @@ func TestEventsWhoseIDsShareAHashAreTwoEvents(t *testing.T) {
 
 	var n int
 	writeTx(t, db, func(tx *Tx) (err error) {
-		n, err = Settle(tx, p, []string{"$a"})
+		n, err = journalsql.Settle(tx, p, []string{"$a"})
 		return err
 	})
 	if n != 1 {
 		t.Fatalf("settling $a changed %d rows, want 1", n)
 	}
-	pending, err := db.Pending(ctx, p, 10, 0)
+	pending, err := journalsql.Pending(ctx, db.Reader(), p, 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"github.com/mindroomd/mindroomd/walbuf"
 )
 
@@ -279,7 +280,7 @@ type DB struct {
 	// it: commands and their after-commit work run there one at a time.
 	// It assumes this process is the file's only writer, as everything
 	// else here does; lock enforces that.
-	rooms map[roomName]roomRef
+	rooms map[roomName]journalsql.RoomRef
 
 	// lock is held for as long as the DB is open for writing (lock.go);
 	// nil for a read-only DB.
@@ -364,7 +365,7 @@ func Open(ctx context.Context, opts Options) (_ *DB, err error) {
 		walBound = DefaultWALBound
 	}
 	db := &DB{Path: path, stmts: make(map[string]*sql.Stmt), budget: opts.PageBudget, maxUnmerged: int64(opts.MaxUnmergedTail),
-		rooms: make(map[roomName]roomRef), lock: lock}
+		rooms: make(map[roomName]journalsql.RoomRef), lock: lock}
 	if db.maxUnmerged <= 0 {
 		db.maxUnmerged = DefaultMaxUnmergedTail
 	}

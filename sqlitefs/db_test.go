@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -271,13 +272,13 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 		t.Fatalf("begin: %v", err)
 	}
 	wtx := db.WrapTx(conn, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC), nil)
-	p, err := sqlitefs.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+	p, err := journalsql.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 	if err != nil {
 		t.Fatalf("RegisterPrincipal: %v", err)
 	}
 	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"kept"}}`)
 	in := []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}
-	res, _, err := sqlitefs.AdmitBatch(wtx, p, journal.Parse(in, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)), "s_1")
+	res, _, err := journalsql.AdmitBatch(wtx, p, journal.Parse(in, time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)), "s_1")
 	if err != nil || len(res) != 1 || res[0].Outcome != journal.Admitted {
 		t.Fatalf("AdmitBatch = %+v, %v; want one admitted event", res, err)
 	}
@@ -298,14 +299,14 @@ func TestReopeningKeepsTheJournal(t *testing.T) {
 	if got, want := pragmaInt(t, db.WriterPool(), "user_version"), int64(sqlitefs.SchemaVersion()); got != want {
 		t.Fatalf("user_version after reopen = %d, want %d", got, want)
 	}
-	found, ok, err := db.LookupPrincipal(ctx, p.Principal)
+	found, ok, err := journalsql.LookupPrincipal(ctx, db.Reader(), p.Principal)
 	if err != nil || !ok || found.ID != p.ID {
 		t.Fatalf("LookupPrincipal = %+v, %v, %v; want id %d", found, ok, err, p.ID)
 	}
-	if tok, err := db.SyncToken(ctx, found); err != nil || tok != "s_1" {
+	if tok, err := journalsql.SyncToken(ctx, db.Reader(), found); err != nil || tok != "s_1" {
 		t.Fatalf("SyncToken = %q, %v; want s_1", tok, err)
 	}
-	page, err := db.Pending(ctx, found, 10, 0)
+	page, err := journalsql.Pending(ctx, db.Reader(), found, 10, 0)
 	if err != nil {
 		t.Fatalf("Pending: %v", err)
 	}

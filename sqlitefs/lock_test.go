@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"os/exec"
 	"testing"
@@ -95,7 +96,7 @@ func TestASecondWriterProcessIsRefusedUntilTheFirstDies(t *testing.T) {
 			if err != nil {
 				t.Fatalf("read-only open beside the writer: %v", err)
 			}
-			if _, err := ro.Status(ctx); err != nil {
+			if _, err := journalsql.Status(ctx, ro.Reader()); err != nil {
 				t.Fatalf("status beside the writer: %v", err)
 			}
 			if err := ro.Close(); err != nil {

@@ -3,6 +3,7 @@ package sqlitefs_test
 import (
 	"context"
 	"errors"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
@@ -32,9 +33,9 @@ func TestTheUnmergedTailStaysBoundedWhenAnInlineMergeRollsBack(t *testing.T) {
 	}
 
 	b := beginBatch(t, db)
-	var p sqlitefs.Principal
+	var p journalsql.Principal
 	must(t, b.command(func(tx *sqlitefs.Tx) (err error) {
-		p, err = sqlitefs.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+		p, err = journalsql.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 		return err
 	}))
 	for i, id := range []string{"$m1", "$m2", "$m3"} {

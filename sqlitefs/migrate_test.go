@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"path/filepath"
 	"slices"
@@ -84,7 +85,7 @@ func migCount(t *testing.T, db *DB, query string, args ...any) int64 {
 
 // migPage reads a whole room page and checks which messages it holds, in
 // order, with the revision on screen and the content of each.
-func migPage(t *testing.T, db *DB, p Principal, room string, want []journal.Message) {
+func migPage(t *testing.T, db *DB, p journalsql.Principal, room string, want []journal.Message) {
 	t.Helper()
 	page, err := db.Read(context.Background(), p, journal.ReadRequest{RoomID: room, Limit: 10})
 	if err != nil {
@@ -226,16 +227,16 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	if n := migCount(t, db, v3CountTables, "room_memberships"); n != 0 {
 		t.Fatalf("room_memberships survived the migration")
 	}
-	p, ok, err := db.LookupPrincipal(ctx, journal.Principal{Agent: "helper", UserID: migBot})
+	p, ok, err := journalsql.LookupPrincipal(ctx, db.Reader(), journal.Principal{Agent: "helper", UserID: migBot})
 	if err != nil || !ok {
 		t.Fatalf("LookupPrincipal = %v, %v; want the v2 principal", ok, err)
 	}
-	if tok, err := db.SyncToken(ctx, p); err != nil || tok != "s_41" {
+	if tok, err := journalsql.SyncToken(ctx, db.Reader(), p); err != nil || tok != "s_41" {
 		t.Fatalf("SyncToken = %q, %v; want s_41", tok, err)
 	}
 
 	// The backlog: $a1 alone, under its epoch, byte for byte.
-	pending, err := db.Pending(ctx, p, 10, 0)
+	pending, err := journalsql.Pending(ctx, db.Reader(), p, 10, 0)
 	if err != nil {
 		t.Fatalf("Pending: %v", err)
 	}
@@ -251,10 +252,10 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 		t.Fatalf("journal_payloads holds %d rows, want only $a1's", n)
 	}
 
-	if epoch, departed, err := db.RoomEpoch(ctx, p, migRoomA); err != nil || epoch != 2 || departed {
+	if epoch, departed, err := journalsql.RoomEpoch(ctx, db.Reader(), p, migRoomA); err != nil || epoch != 2 || departed {
 		t.Fatalf("room A membership = epoch %d departed %v (%v), want epoch 2 present", epoch, departed, err)
 	}
-	if epoch, departed, err := db.RoomEpoch(ctx, p, migRoomB); err != nil || epoch != 0 || departed {
+	if epoch, departed, err := journalsql.RoomEpoch(ctx, db.Reader(), p, migRoomB); err != nil || epoch != 0 || departed {
 		t.Fatalf("room B membership = epoch %d departed %v (%v), want epoch 0 present", epoch, departed, err)
 	}
 
@@ -282,7 +283,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	a3 := `{"event_id":"$a3","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1700000005000,"content":{"msgtype":"m.text","body":"and another"}}`
 	b3 := `{"event_id":"$b3","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1700000006000,"content":{"msgtype":"m.text","body":"thanks"}}`
 	migWrite(t, db, now, func(tx *Tx) error {
-		res, _, err := AdmitBatch(tx, p, journal.Parse([]journal.Inbound{
+		res, _, err := journalsql.AdmitBatch(tx, p, journal.Parse([]journal.Inbound{
 			{RoomID: migRoomA, Provenance: journal.Live, Event: []byte(a3)},
 			{RoomID: migRoomB, Provenance: journal.Live, Event: []byte(b3)},
 		}, now), "s_42")
@@ -293,7 +294,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 		}
 		return err
 	})
-	pending, err = db.Pending(ctx, p, 10, 0)
+	pending, err = journalsql.Pending(ctx, db.Reader(), p, 10, 0)
 	if err != nil {
 		t.Fatalf("Pending: %v", err)
 	}
@@ -312,9 +313,9 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	// Settling the migrated event must free its payload through the trigger
 	// the migration installed, leaving the others' payloads alone.
 	migWrite(t, db, now, func(tx *Tx) error {
-		n, err := Settle(tx, p, []string{"$a1"})
+		n, err := journalsql.Settle(tx, p, []string{"$a1"})
 		if err == nil && n != 1 {
-			t.Errorf("Settle($a1) settled %d rows, want 1", n)
+			t.Errorf("journalsql.Settle($a1) settled %d rows, want 1", n)
 		}
 		return err
 	})
@@ -325,7 +326,7 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	if n := migCount(t, db, v3CountPayloads); n != 2 {
 		t.Fatalf("journal_payloads holds %d rows after settling $a1, want $a3's and $b3's", n)
 	}
-	pending, err = db.Pending(ctx, p, 10, 0)
+	pending, err = journalsql.Pending(ctx, db.Reader(), p, 10, 0)
 	if err != nil || len(pending.Events) != 2 || pending.Events[0].EventID != "$a3" {
 		t.Fatalf("pending after settling $a1 = %+v, %v; want $a3 and $b3", pending.Events, err)
 	}

@@ -2,6 +2,7 @@ package sqlitefs_test
 
 import (
 	"errors"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
@@ -17,9 +18,9 @@ func TestAMergePlanOverAnEmptyTailCorrectsTheEstimate(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			db := openDB(t, t.TempDir())
 			b := beginBatch(t, db)
-			var p sqlitefs.Principal
+			var p journalsql.Principal
 			must(t, b.command(func(tx *sqlitefs.Tx) (err error) {
-				p, err = sqlitefs.RegisterPrincipal(tx, journal.Principal{Agent: "merger", UserID: "@bot:example.org"})
+				p, err = journalsql.RegisterPrincipal(tx, journal.Principal{Agent: "merger", UserID: "@bot:example.org"})
 				return err
 			}))
 			if mergedBefore {

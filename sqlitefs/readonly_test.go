@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +23,7 @@ import (
 
 // closedJournal makes a journal under a fresh directory, with one admitted
 // event, and closes it, leaving only its file.
-func closedJournal(t *testing.T) (dir string, p sqlitefs.Principal) {
+func closedJournal(t *testing.T) (dir string, p journalsql.Principal) {
 	t.Helper()
 	ctx := context.Background()
 	dir = t.TempDir()
@@ -36,12 +37,12 @@ func closedJournal(t *testing.T) (dir string, p sqlitefs.Principal) {
 	}
 	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	wtx := db.WrapTx(conn, now, nil)
-	if p, err = sqlitefs.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"}); err != nil {
+	if p, err = journalsql.RegisterPrincipal(wtx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"}); err != nil {
 		t.Fatal(err)
 	}
 	ev := []byte(`{"event_id":"$m1","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":1000,"content":{"msgtype":"m.text","body":"hi"}}`)
 	in := []journal.Inbound{{RoomID: "!room:example.org", Provenance: journal.Live, Event: ev}}
-	if _, _, err := sqlitefs.AdmitBatch(wtx, p, journal.Parse(in, now), "s_1"); err != nil {
+	if _, _, err := journalsql.AdmitBatch(wtx, p, journal.Parse(in, now), "s_1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
@@ -84,7 +85,7 @@ func TestAReadOnlyOpenLeavesTheFileAsItWas(t *testing.T) {
 	before := mustRead(t, path)
 
 	db := openRO(t, dir)
-	st, err := db.Status(ctx)
+	st, err := journalsql.Status(ctx, db.Reader())
 	if err != nil || len(st) != 1 || st[0].Events != 1 {
 		t.Fatalf("Status = %+v, %v; want one principal with one event", st, err)
 	}
@@ -95,7 +96,7 @@ func TestAReadOnlyOpenLeavesTheFileAsItWas(t *testing.T) {
 	if err != nil || len(page.Messages) != 1 {
 		t.Fatalf("Read = %+v, %v; want the one message", page, err)
 	}
-	pending, err := db.Pending(ctx, p, 10, 0)
+	pending, err := journalsql.Pending(ctx, db.Reader(), p, 10, 0)
 	if err != nil || len(pending.Events) != 1 {
 		t.Fatalf("Pending = %+v, %v; want the one event", pending, err)
 	}

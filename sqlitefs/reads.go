@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
 )
 
 // queryer is what a page reads through: the reader pool, or one read
@@ -187,7 +188,7 @@ func (s *pageScan) fill() error {
 // first and returned oldest first. A thread page ends with its root, exactly
 // once, on the last page. Rows owing a refetch are listed and omitted; they
 // count against the limit so a page is bounded by the rows it reads.
-func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (journal.Page, error) {
+func (db *DB) Read(ctx context.Context, p journalsql.Principal, req journal.ReadRequest) (journal.Page, error) {
 	thread, err := journal.ValidateRead(req)
 	if err != nil {
 		return journal.Page{}, err
@@ -236,25 +237,16 @@ func (db *DB) Read(ctx context.Context, p Principal, req journal.ReadRequest) (j
 	if err := rows.Close(); err != nil {
 		return journal.Page{}, fmt.Errorf("read page: %w", err)
 	}
-	if thread != "" && !b.Full() {
-		// The replies are exhausted: the root closes the thread's last page,
-		// if it still fits.
-		root, visible, err := scanMessage(q.QueryRowContext(ctx, selectVisibleMessage, p.ID, IDHash(thread), thread, req.RoomID), req.RoomID)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
-			return journal.Page{}, fmt.Errorf("read thread root: %w", err)
-		default:
-			b.Add(root, visible)
-		}
-	}
-	return b.Page(), nil
+	err = journalsql.AddThreadRoot(b, thread, func() (journal.Message, bool, error) {
+		return scanMessage(q.QueryRowContext(ctx, selectVisibleMessage, p.ID, IDHash(thread), thread, req.RoomID), req.RoomID)
+	}, func(err error) bool { return errors.Is(err, sql.ErrNoRows) })
+	return b.Page(), err
 }
 
 // LatestVisibleEventID returns the revision on screen of the newest message
 // of a conversation, or its logical ID when that revision was redacted. A
 // thread's root does not count as its latest event.
-func (db *DB) LatestVisibleEventID(ctx context.Context, p Principal, room string, thread *string) (string, bool, error) {
+func (db *DB) LatestVisibleEventID(ctx context.Context, p journalsql.Principal, room string, thread *string) (string, bool, error) {
 	key, err := journal.EncodeThread(thread)
 	if err != nil {
 		return "", false, err
@@ -294,12 +286,9 @@ func (db *DB) LatestVisibleEventID(ctx context.Context, p Principal, room string
 		return "", false, nil
 	}
 	id, err := journal.LatestVisibleID(logical, revision, bodyless, func() (bool, error) {
-		var one int
-		err := tx.QueryRowContext(ctx, selectTombstone, p.ID, room, revision).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			return false, nil
-		}
-		return err == nil, err
+		var dead bool
+		err := tx.QueryRowContext(ctx, selectTombstone, p.ID, room, revision).Scan(&dead)
+		return dead, err
 	})
 	if err != nil {
 		return "", false, fmt.Errorf("read latest event: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"strconv"
 	"testing"
 	"time"
@@ -69,10 +70,10 @@ func (b *batchTx) commit() {
 	}
 }
 
-func admitText(b *batchTx, p sqlitefs.Principal, room, id string, ts int) error {
+func admitText(b *batchTx, p journalsql.Principal, room, id string, ts int) error {
 	ev := `{"event_id":"` + id + `","type":"m.room.message","sender":"@alice:example.org","origin_server_ts":` +
 		strconv.Itoa(ts) + `,"content":{"msgtype":"m.text","body":"` + id + `"}}`
-	res, _, err := sqlitefs.AdmitBatch(b.tx, p, journal.Parse([]journal.Inbound{
+	res, _, err := journalsql.AdmitBatch(b.tx, p, journal.Parse([]journal.Inbound{
 		{RoomID: room, Provenance: journal.Live, Event: []byte(ev)}}, cacheClock), "")
 	if err == nil && res[0].Outcome != journal.Admitted {
 		err = errors.New("not admitted")
@@ -87,9 +88,9 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func pendingEpochs(t *testing.T, db *sqlitefs.DB, p sqlitefs.Principal) map[string]int64 {
+func pendingEpochs(t *testing.T, db *sqlitefs.DB, p journalsql.Principal) map[string]int64 {
 	t.Helper()
-	page, err := db.Pending(context.Background(), p, 100, 0)
+	page, err := journalsql.Pending(context.Background(), db.Reader(), p, 100, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,21 +104,21 @@ func pendingEpochs(t *testing.T, db *sqlitefs.DB, p sqlitefs.Principal) map[stri
 func TestAFenceOutlivesTheEpochsReadBeforeItInItsBatch(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	const r, s = "!r:example.org", "!s:example.org"
-	fence := func(b *batchTx, p sqlitefs.Principal, room string) {
+	fence := func(b *batchTx, p journalsql.Principal, room string) {
 		must(t, b.command(func(tx *sqlitefs.Tx) error {
-			_, err := sqlitefs.FenceDeparture(tx, p, room, journal.DepartureReported, "")
+			_, _, err := journalsql.FenceDeparture(tx, p, room, journal.DepartureReported, "")
 			return err
 		}))
-		must(t, b.command(func(tx *sqlitefs.Tx) error { return sqlitefs.RecordJoin(tx, p, room, "") }))
+		must(t, b.command(func(tx *sqlitefs.Tx) error { return journalsql.RecordJoin(tx, p, room, "") }))
 	}
-	admit := func(b *batchTx, p sqlitefs.Principal, room, id string, ts int) {
+	admit := func(b *batchTx, p journalsql.Principal, room, id string, ts int) {
 		must(t, b.command(func(*sqlitefs.Tx) error { return admitText(b, p, room, id, ts) }))
 	}
 
 	b := beginBatch(t, db)
-	var p sqlitefs.Principal
+	var p journalsql.Principal
 	must(t, b.command(func(tx *sqlitefs.Tx) (err error) {
-		p, err = sqlitefs.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+		p, err = journalsql.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 		return err
 	}))
 	// Both rooms are read at epoch 0; s is fenced later in the same batch,
@@ -152,9 +153,9 @@ func TestARoomInternedByACommandThatRolledBackIsInternedAgain(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	const room = "!new:example.org"
 	b := beginBatch(t, db)
-	var p sqlitefs.Principal
+	var p journalsql.Principal
 	must(t, b.command(func(tx *sqlitefs.Tx) (err error) {
-		p, err = sqlitefs.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
+		p, err = journalsql.RegisterPrincipal(tx, journal.Principal{Agent: "helper", UserID: "@bot:example.org"})
 		return err
 	}))
 	failed := errors.New("the command fails after interning the room")

@@ -96,6 +96,19 @@ const setVersion = "PRAGMA user_version = "
 
 var mutable = "SELECT 2"
 
+var table = [...]string{0: q, 1: q + " LIMIT 1"}
+
+var written = [...]string{q}
+
+var sliced = [...]string{q}
+
+var mapped = map[int]string{0: q, 1: mutable}
+
+func spoil(i int) {
+	written[i] = mutable
+	_ = sliced[:]
+}
+
 type store struct{ db *sql.DB }
 
 func (s store) run(query string, args ...any) error { _, err := s.db.Exec(query, args...); return err }
@@ -119,6 +132,7 @@ func good(ctx context.Context, db *sql.DB, s store, n int) {
 	}
 	db.Exec(v)
 	db.Prepare((q))
+	db.Exec(table[n])
 }
 
 func bad(ctx context.Context, db *sql.DB, s store, n int) {
@@ -142,6 +156,11 @@ func bad(ctx context.Context, db *sql.DB, s store, n int) {
 	_ = p
 	f := func(query string) { db.Exec(query) } // flagged
 	f(q)
+	db.Exec(written[n]) // flagged
+	db.Exec(sliced[n]) // flagged
+	db.Exec(mapped[n]) // flagged
+	local := [...]string{q}
+	db.Exec(local[n]) // flagged
 }
 `
 	mod := loadModule(t)
@@ -642,12 +661,68 @@ func (j *judge) expr(e ast.Expr) safety {
 			return notConstant("%s, not a constant", x.Name)
 		}
 		return j.variable(v)
+	case *ast.IndexExpr:
+		return j.table(x)
 	case *ast.CallExpr:
 		return notConstant("the result of a call")
 	case *ast.SelectorExpr:
 		return notConstant("a field or package variable")
 	}
 	return notConstant("a non-constant %T", e)
+}
+
+// table accepts an element of a statement table: a package-level array
+// whose declaration lists only constant text (a dialect's statements,
+// indexed by the statement's name) and which nothing in its package
+// writes, slices or takes the address of.
+func (j *judge) table(x *ast.IndexExpr) safety {
+	info := j.c.pkg.info
+	id, ok := ast.Unparen(x.X).(*ast.Ident)
+	if !ok {
+		return notConstant("an element of a computed collection")
+	}
+	v, ok := info.Uses[id].(*types.Var)
+	if !ok || v.Pkg() == nil || v.Parent() != v.Pkg().Scope() {
+		return notConstant("an element of %s, not a package-level table", id.Name)
+	}
+	if _, isArray := v.Type().Underlying().(*types.Array); !isArray {
+		return notConstant("an element of %s, which is not an array", id.Name)
+	}
+	var decl *ast.CompositeLit
+	is := func(e ast.Expr) bool {
+		i, ok := ast.Unparen(e).(*ast.Ident)
+		return ok && (info.Uses[i] == v || info.Defs[i] == v)
+	}
+	written := false
+	for _, f := range j.c.pkg.files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch y := n.(type) {
+			case *ast.ValueSpec:
+				for i, name := range y.Names {
+					if info.Defs[name] == v && i < len(y.Values) {
+						decl, _ = ast.Unparen(y.Values[i]).(*ast.CompositeLit)
+					}
+				}
+			case *ast.AssignStmt:
+				for _, lhs := range y.Lhs {
+					if ix, ok := lhs.(*ast.IndexExpr); ok && is(ix.X) || is(lhs) {
+						written = true
+					}
+				}
+			case *ast.UnaryExpr:
+				if ix, ok := y.X.(*ast.IndexExpr); y.Op == token.AND && (is(y.X) || ok && is(ix.X)) {
+					written = true
+				}
+			case *ast.SliceExpr:
+				written = written || is(y.X)
+			}
+			return true
+		})
+	}
+	if decl == nil || written {
+		return notConstant("an element of %s, a table that is not fixed", id.Name)
+	}
+	return j.elements(decl)
 }
 
 // pragmaValue accepts a PRAGMA's constant text followed by an integer

@@ -1,13 +1,10 @@
 package sqlitefs
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-
-	"github.com/mindroomd/mindroomd/journal"
 )
 
 // selectStatus reads every figure of every principal in one statement, so
@@ -41,51 +38,6 @@ const selectBacklog = `SELECT p.agent, p.user_id,
 		(SELECT count(*) FROM delivery_outbox o INDEXED BY delivery_outbox_unacknowledged
 			WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 1)
 	FROM principals p ORDER BY p.agent, p.user_id`
-
-// Backlogs reads every principal's backlog, cheaply enough for each metrics
-// scrape.
-func (db *DB) Backlogs(ctx context.Context) ([]journal.Backlog, error) {
-	rows, err := db.readers.QueryContext(ctx, selectBacklog)
-	if err != nil {
-		return nil, fmt.Errorf("read backlog: %w", deadlineErr(ctx, err))
-	}
-	defer rows.Close()
-	var out []journal.Backlog
-	for rows.Next() {
-		var b journal.Backlog
-		if err := rows.Scan(&b.Agent, &b.UserID, &b.Pending, &b.Queued, &b.Attempted); err != nil {
-			return nil, fmt.Errorf("read backlog: %w", err)
-		}
-		out = append(out, b)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read backlog: %w", deadlineErr(ctx, err))
-	}
-	return out, nil
-}
-
-// Status summarises every principal. It counts rows, so it is an operator
-// command, not a hot path.
-func (db *DB) Status(ctx context.Context) ([]journal.PrincipalStatus, error) {
-	rows, err := db.readers.QueryContext(ctx, selectStatus)
-	if err != nil {
-		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
-	}
-	defer rows.Close()
-	var out []journal.PrincipalStatus
-	for rows.Next() {
-		var s journal.PrincipalStatus
-		if err := rows.Scan(&s.Agent, &s.UserID, &s.HasSyncToken, &s.SyncTokenMS, &s.Events, &s.Pending, &s.Visible,
-			&s.Queued, &s.Attempted, &s.Acknowledged, &s.Failed, &s.Retired, &s.OwedDepartures); err != nil {
-			return nil, fmt.Errorf("read status: %w", err)
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read status: %w", deadlineErr(ctx, err))
-	}
-	return out, nil
-}
 
 // walSuffix names a database's write-ahead log after it, as SQLite does.
 const walSuffix = "-wal"

@@ -3,6 +3,7 @@ package sqlitefs_test
 import (
 	"context"
 	"fmt"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ const statusRoom = "!status:example.org"
 // statusOf reads the status of the principal agent from db.
 func statusOf(t *testing.T, db *sqlitefs.DB, agent string) journal.PrincipalStatus {
 	t.Helper()
-	st, err := db.Status(context.Background())
+	st, err := journalsql.Status(context.Background(), db.Reader())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package sqlitefs
 import (
 	"context"
 	"database/sql"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"path/filepath"
 	"testing"
@@ -62,24 +63,24 @@ func TestASyncTokenStoredBeforeVersion4KeepsItsValueAndAnUnknownTime(t *testing.
 		t.Fatalf("Open a v3 journal: %v", err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	p, ok, err := db.LookupPrincipal(ctx, journal.Principal{Agent: "helper", UserID: migBot})
+	p, ok, err := journalsql.LookupPrincipal(ctx, db.Reader(), journal.Principal{Agent: "helper", UserID: migBot})
 	if err != nil || !ok {
 		t.Fatalf("principal after the migration: %v, %v", ok, err)
 	}
-	if tok, err := db.SyncToken(ctx, p); err != nil || tok != "s_v3" {
+	if tok, err := journalsql.SyncToken(ctx, db.Reader(), p); err != nil || tok != "s_v3" {
 		t.Fatalf("sync token after the migration = %q, %v; want the v3 token s_v3", tok, err)
 	}
-	st, err := db.Status(ctx)
+	st, err := journalsql.Status(ctx, db.Reader())
 	if err != nil || len(st) != 1 || !st[0].HasSyncToken || st[0].SyncTokenMS != 0 {
 		t.Fatalf("status after the migration = %+v, %v; want a token whose time is unknown (0)", st, err)
 	}
 
 	now := time.Date(2026, 11, 2, 8, 30, 0, 0, time.UTC)
 	migWrite(t, db, now, func(tx *Tx) error {
-		_, _, err := AdmitBatch(tx, p, nil, "s_v4")
+		_, _, err := journalsql.AdmitBatch(tx, p, nil, "s_v4")
 		return err
 	})
-	if st, err = db.Status(ctx); err != nil || st[0].SyncTokenMS != now.UnixMilli() {
+	if st, err = journalsql.Status(ctx, db.Reader()); err != nil || st[0].SyncTokenMS != now.UnixMilli() {
 		t.Fatalf("status after the next sync = %+v, %v; want the token stored at %d", st, err, now.UnixMilli())
 	}
 }

@@ -1,7 +1,10 @@
-// Package store is the embeddable journal: it opens the SQLite file, starts
-// the writer actor that owns its only read-write connection, and hands out
-// principal-bound views. No operational method takes a principal ID: the
-// view supplies it, so one agent cannot read or settle another's rows.
+// Package store is the embeddable journal on either backend: the SQLite
+// file, whose writer actor owns its only read-write connection and
+// group-commits every principal's commands, or a PostgreSQL database,
+// where each command is a transaction under its principal's row lock. It
+// hands out principal-bound views. No operational method takes a
+// principal ID: the view supplies it, so one agent cannot read or settle
+// another's rows.
 package store
 
 import (
@@ -18,6 +21,8 @@ import (
 	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
+	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
@@ -27,11 +32,26 @@ import (
 // at the senders.
 const DefaultMaxOutstanding = 4096
 
+// ErrUnknownPrincipal reports, on a read-only journal, a principal the
+// journal never registered.
+var ErrUnknownPrincipal = errors.New("the journal has no such principal")
+
 // Options configure Open.
 type Options struct {
-	// StorageDir is the storage root (default ./mindroom_data); the journal
-	// is <StorageDir>/tracking/event_journal.db.
+	// StorageDir is the storage root (default ./mindroom_data); the SQLite
+	// journal is <StorageDir>/tracking/event_journal.db.
 	StorageDir string
+	// DatabaseURL, when set, selects the journal in PostgreSQL at this
+	// connection string instead of the SQLite file. It usually holds a
+	// password: it is never logged, and errors do not repeat it.
+	DatabaseURL string
+	// ReadOnly opens the journal for reading alone, as status and an
+	// offline export do: nothing is migrated or written (on SQLite not
+	// even the WAL), a journal of another schema version is refused, and a
+	// principal the journal never saw is ErrUnknownPrincipal.
+	ReadOnly bool
+	// MaxConns bounds the PostgreSQL pool (default pgfs.DefaultMaxConns).
+	MaxConns int32
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Log receives the store's logs (default: discarded).
@@ -93,8 +113,11 @@ type Options struct {
 
 // Store is an open journal. It implements journal.Store.
 type Store struct {
+	b        backend
+	readOnly bool
+	pg       *pgfs.Store // the PostgreSQL journal; nil on SQLite
 	onCommit func(commands int, took time.Duration)
-	db       *sqlitefs.DB
+	db       *sqlitefs.DB // the SQLite journal; nil on PostgreSQL
 	system   *actor.ActorSystem
 	writer   *actor.PID
 	hints    *hint.Bus
@@ -123,11 +146,51 @@ type Store struct {
 
 var _ journal.Store = (*Store)(nil)
 
-// Open opens the journal and starts its writer.
+// Open opens the journal opts select: PostgreSQL when DatabaseURL is
+// set, the SQLite file under StorageDir otherwise, whose writer it starts.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Hints == nil {
+		opts.Hints = &hint.Bus{}
+	}
+	switch {
+	case opts.DatabaseURL != "":
+		return openPostgres(ctx, opts)
+	case opts.ReadOnly:
+		return openSQLiteReadOnly(ctx, opts)
+	}
+	return openSQLite(ctx, opts)
+}
+
+// openPostgres opens the journal in PostgreSQL.
+func openPostgres(ctx context.Context, opts Options) (*Store, error) {
+	pg, err := pgfs.Open(ctx, pgfs.Options{URL: opts.DatabaseURL, Now: opts.Now, Log: opts.Log, Hints: opts.Hints,
+		MaxConns: opts.MaxConns, PageBudget: opts.PageBudget, ReadOnly: opts.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{b: pg, pg: pg, readOnly: opts.ReadOnly, hints: opts.Hints, log: opts.Log, now: opts.Now,
+		done: make(chan struct{})}
+	return s, nil
+}
+
+// openSQLiteReadOnly opens the SQLite journal for reading alone: no
+// writer, no background work.
+func openSQLiteReadOnly(ctx context.Context, opts Options) (*Store, error) {
+	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: opts.StorageDir, Readers: opts.Readers,
+		PageBudget: opts.PageBudget})
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, readOnly: true, hints: opts.Hints, log: opts.Log, now: opts.Now, done: make(chan struct{})}
+	s.b = sqliteBackend{s}
+	return s, nil
+}
+
+// openSQLite opens the SQLite journal and starts its writer.
+func openSQLite(ctx context.Context, opts Options) (*Store, error) {
 	if opts.MaxOutstanding <= 0 {
 		opts.MaxOutstanding = DefaultMaxOutstanding
 	}
@@ -153,11 +216,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		commits: make(chan struct{}, 1),
 		merges:  make(chan struct{}, 1),
 	}
+	s.b = sqliteBackend{s}
 	if s.system == nil {
 		s.system = actors.NewSystem(opts.Log)
-	}
-	if s.hints == nil {
-		s.hints = &hint.Bus{}
 	}
 	props := writer.Props(writer.Deps{
 		DB:            db.WriterPool(),
@@ -220,17 +281,40 @@ func (s *Store) Fatal() error {
 	return s.fatal
 }
 
-// Done is closed once the writer has stopped, after Close or a fatal fault.
+// Done is closed once the journal stopped taking writes: after Close, or
+// on SQLite when a fatal fault stopped the writer (Fatal says which). A
+// PostgreSQL journal has no single writer to lose: each command reports
+// its own error and the pool replaces a lost connection.
 func (s *Store) Done() <-chan struct{} { return s.done }
 
 // Backlogs reads what every principal still owes, cheaply enough for each
 // metrics scrape.
-func (s *Store) Backlogs(ctx context.Context) ([]journal.Backlog, error) { return s.db.Backlogs(ctx) }
+func (s *Store) Backlogs(ctx context.Context) ([]journal.Backlog, error) {
+	return journalsql.Backlogs(ctx, s.b.Reader())
+}
+
+// Status summarises every principal, for the status command.
+func (s *Store) Status(ctx context.Context) ([]journal.PrincipalStatus, error) {
+	return journalsql.Status(ctx, s.b.Reader())
+}
+
+// Kind names the backend: "postgresql" or "sqlite".
+func (s *Store) Kind() string {
+	if s.pg != nil {
+		return "postgresql"
+	}
+	return "sqlite"
+}
+
+// Postgres exposes the PostgreSQL layer for operational tools; nil on
+// SQLite.
+func (s *Store) Postgres() *pgfs.Store { return s.pg }
 
 // Hints returns the bus after-commit wake-ups are published on.
 func (s *Store) Hints() *hint.Bus { return s.hints }
 
-// DB exposes the SQLite layer for benchmarks and operational tools.
+// DB exposes the SQLite layer for benchmarks and operational tools; nil
+// on PostgreSQL.
 func (s *Store) DB() *sqlitefs.DB { return s.db }
 
 // Close stops the background work and waits for it, stops accepting
@@ -239,6 +323,17 @@ func (s *Store) DB() *sqlitefs.DB { return s.db }
 // database. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		if s.writer == nil {
+			// PostgreSQL, or SQLite read-only: every command that
+			// returned has committed, and nothing runs in the background.
+			if s.pg != nil {
+				s.closeErr = s.pg.Close()
+			} else {
+				s.closeErr = s.db.Close()
+			}
+			close(s.done)
+			return
+		}
 		// The background work goes first: it sends the writer work.
 		s.stopBackground()
 		s.background.Wait()
@@ -266,6 +361,9 @@ func (s *Store) Close() error {
 
 // exec runs one command through the writer and waits for its commit.
 func (s *Store) exec(ctx context.Context, name string, size int, run writer.Command) (any, error) {
+	if s.readOnly {
+		return nil, sqlitefs.ErrReadOnly
+	}
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -311,7 +409,12 @@ func (s *Store) tx(t *writer.Tx) *sqlitefs.Tx {
 }
 
 // Generation identifies this database.
-func (s *Store) Generation(ctx context.Context) (string, error) { return s.db.Generation(ctx) }
+func (s *Store) Generation(ctx context.Context) (string, error) {
+	if s.pg != nil {
+		return s.pg.Generation(ctx)
+	}
+	return s.db.Generation(ctx)
+}
 
 // Principal returns the view bound to (agent, userID), registering the
 // principal on first use.
@@ -320,16 +423,74 @@ func (s *Store) Principal(ctx context.Context, agent, userID string) (journal.Pr
 	if err != nil {
 		return nil, err
 	}
-	p, ok, err := s.db.LookupPrincipal(ctx, jp)
+	var p journalsql.Principal
+	if s.readOnly {
+		var ok bool
+		p, ok, err = journalsql.LookupPrincipal(ctx, s.b.Reader(), jp)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: %s", ErrUnknownPrincipal, jp)
+		}
+	} else {
+		p, err = s.b.Register(ctx, jp)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
-		if p, err = command(ctx, s, "register_principal", func(tx *sqlitefs.Tx) (sqlitefs.Principal, error) {
-			return sqlitefs.RegisterPrincipal(tx, jp)
-		}); err != nil {
+	return newView(s.b, p, s.hints, s.now), nil
+}
+
+// sqliteBackend is the journal in its SQLite file: writes group-commit
+// through the writer actor, reads run on the reader pool.
+type sqliteBackend struct{ s *Store }
+
+var _ backend = sqliteBackend{}
+
+// Writer implements backend.
+func (b sqliteBackend) Writer(journalsql.Principal) journalsql.Writer { return sqliteWriter{b.s} }
+
+// Reader implements backend.
+func (b sqliteBackend) Reader() journalsql.Reader { return b.s.db.Reader() }
+
+// Read implements backend.
+func (b sqliteBackend) Read(ctx context.Context, p journalsql.Principal, req journal.ReadRequest) (journal.Page, error) {
+	return b.s.db.Read(ctx, p, req)
+}
+
+// LatestVisibleEventID implements backend.
+func (b sqliteBackend) LatestVisibleEventID(ctx context.Context, p journalsql.Principal, room string, thread *string) (string, bool, error) {
+	return b.s.db.LatestVisibleEventID(ctx, p, room, thread)
+}
+
+// Register implements backend: a principal already registered is found by
+// a reader, without a write.
+func (b sqliteBackend) Register(ctx context.Context, jp journal.Principal) (journalsql.Principal, error) {
+	p, ok, err := journalsql.LookupPrincipal(ctx, b.Reader(), jp)
+	if err != nil || ok {
+		return p, err
+	}
+	return command(ctx, b.s, "register_principal", func(tx *sqlitefs.Tx) (journalsql.Principal, error) {
+		return journalsql.RegisterPrincipal(tx, jp)
+	})
+}
+
+// sqliteWriter gathers every principal's commands into the writer's group
+// commits: each command runs in its own savepoint of a shared transaction.
+type sqliteWriter struct{ s *Store }
+
+// Do implements journalsql.Writer.
+func (w sqliteWriter) Do(ctx context.Context, name string, size int, run func(journalsql.Tx) ([]hint.Hint, error)) error {
+	_, err := w.s.exec(ctx, name, size, func(t *writer.Tx) (any, error) {
+		hints, err := run(w.s.tx(t))
+		if err != nil {
 			return nil, err
 		}
+		for _, h := range hints {
+			t.Hint(h)
+		}
+		return nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
-	return &View{s: s, p: p}, nil
+	return nil
 }

@@ -2,112 +2,129 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/journalsql"
 )
 
-// View is the store bound to one principal. It implements
-// journal.PrincipalStore; hand collaborators the narrow interface they need.
+// backend is one dialect's journal under the views: its write port, its
+// shared reads, and the reads each dialect answers in its own way.
+type backend interface {
+	// Writer is p's write port.
+	Writer(p journalsql.Principal) journalsql.Writer
+	// Reader runs the shared reads.
+	Reader() journalsql.Reader
+	// Read returns one bounded page of a conversation.
+	Read(ctx context.Context, p journalsql.Principal, req journal.ReadRequest) (journal.Page, error)
+	// LatestVisibleEventID returns the ID the newest message of a
+	// conversation answers to.
+	LatestVisibleEventID(ctx context.Context, p journalsql.Principal, room string, thread *string) (string, bool, error)
+	// Register interns a principal (looks it up alone on a read-only
+	// journal).
+	Register(ctx context.Context, p journal.Principal) (journalsql.Principal, error)
+}
+
+// View is the journal bound to one principal, on either backend. It
+// implements journal.PrincipalStore; hand collaborators the narrow
+// interface they need.
 type View struct {
-	s *Store
-	p sqlitefs.Principal
+	b     backend
+	w     journalsql.Writer
+	r     journalsql.Reader
+	p     journalsql.Principal
+	hints *hint.Bus
+	now   func() time.Time
 }
 
 var _ journal.PrincipalStore = (*View)(nil)
 
-// Hints returns the store's after-commit bus, on which this view's
-// commits are published.
-func (v *View) Hints() *hint.Bus { return v.s.hints }
+func newView(b backend, p journalsql.Principal, hints *hint.Bus, now func() time.Time) *View {
+	return &View{b: b, w: b.Writer(p), r: b.Reader(), p: p, hints: hints, now: now}
+}
+
+// Hints returns the bus on which this view's commits are published.
+func (v *View) Hints() *hint.Bus { return v.hints }
 
 // Principal names the bound principal.
 func (v *View) Principal() journal.Principal { return v.p.Principal }
 
-// write runs a command that returns a value and hints through the writer.
-func write[T any](ctx context.Context, v *View, name string, size int, run func(tx *sqlitefs.Tx) (T, []hint.Hint, error)) (T, error) {
-	res, err := v.s.exec(ctx, name, size, func(t *writer.Tx) (any, error) {
-		out, hints, err := run(v.s.tx(t))
-		if err != nil {
-			return nil, err
-		}
-		for _, h := range hints {
-			t.Hint(h)
-		}
-		return out, nil
-	})
-	if err != nil {
-		var zero T
-		return zero, fmt.Errorf("%s: %w", name, err)
-	}
-	return res.(T), nil
+// do runs a command that publishes no hint.
+func (v *View) do(ctx context.Context, name string, size int, run func(tx journalsql.Tx) error) error {
+	return v.w.Do(ctx, name, size, func(tx journalsql.Tx) ([]hint.Hint, error) { return nil, run(tx) })
 }
 
 // AdmitBatch implements journal.Admission. Events are parsed here, in the
-// caller's goroutine, so the writer's single thread only runs SQL.
-func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBatch string) ([]journal.AdmitResult, error) {
-	size := len(nextBatch)
-	for _, e := range events {
-		size += len(e.Event)
-	}
-	parsed := journal.Parse(events, v.s.now())
-	return write(ctx, v, "admit batch", size, func(tx *sqlitefs.Tx) ([]journal.AdmitResult, []hint.Hint, error) {
-		return sqlitefs.AdmitBatch(tx, v.p, parsed, nextBatch)
+// caller's goroutine, so a single writer only runs SQL.
+func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBatch string) (results []journal.AdmitResult, err error) {
+	parsed := journal.Parse(events, v.now())
+	err = v.w.Do(ctx, "admit batch", len(nextBatch)+inboundSize(events), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+		results, hints, err = journalsql.AdmitBatch(tx, v.p, parsed, nextBatch)
+		return hints, err
 	})
+	return results, err
 }
 
-// SyncToken implements journal.Admission.
-func (v *View) SyncToken(ctx context.Context) (string, error) { return v.s.db.SyncToken(ctx, v.p) }
-
-// Pending implements journal.Replay.
-func (v *View) Pending(ctx context.Context, limit int, after int64) (journal.PendingPage, error) {
-	return v.s.db.Pending(ctx, v.p, limit, after)
-}
-
-// Settle implements journal.Replay.
-func (v *View) Settle(ctx context.Context, eventIDs ...string) (int, error) {
-	return write(ctx, v, "settle", 0, func(tx *sqlitefs.Tx) (int, []hint.Hint, error) {
-		n, err := sqlitefs.Settle(tx, v.p, eventIDs)
-		return n, nil, err
-	})
-}
-
-// Read implements journal.ConversationReader.
-func (v *View) Read(ctx context.Context, req journal.ReadRequest) (journal.Page, error) {
-	return v.s.db.Read(ctx, v.p, req)
-}
-
-// AdmittedThreadID implements journal.RelationLookup.
-func (v *View) AdmittedThreadID(ctx context.Context, roomID, eventID string) (*string, bool, error) {
-	thread, ok, err := v.s.db.AdmittedThreadID(ctx, v.p, roomID, eventID)
-	return journal.DecodeThread(thread), ok, err
-}
-
-// AdmittedEvent implements journal.RelationLookup.
-func (v *View) AdmittedEvent(ctx context.Context, eventID string) (journal.AdmittedEvent, bool, error) {
-	room, thread, pending, ok, err := v.s.db.AdmittedEvent(ctx, v.p, eventID)
-	return journal.AdmittedEvent{RoomID: room, Thread: journal.DecodeThread(thread), Pending: pending}, ok, err
-}
-
-// LatestVisibleEventID implements journal.RelationLookup.
-func (v *View) LatestVisibleEventID(ctx context.Context, roomID string, thread *string) (string, bool, error) {
-	return v.s.db.LatestVisibleEventID(ctx, v.p, roomID, thread)
-}
-
-// InstallHistory implements journal.Hydration. Events are parsed here, in
-// the caller's goroutine, as admission's are.
-func (v *View) InstallHistory(ctx context.Context, roomID string, epoch int64, events []journal.Inbound) (journal.HistoryResult, error) {
+// inboundSize is the bytes of raw events a command carries.
+func inboundSize(events []journal.Inbound) int {
 	size := 0
 	for _, e := range events {
 		size += len(e.Event)
 	}
-	parsed := journal.Parse(events, v.s.now())
-	return write(ctx, v, "install history", size, func(tx *sqlitefs.Tx) (journal.HistoryResult, []hint.Hint, error) {
-		res, err := sqlitefs.InstallHistory(tx, v.p, roomID, epoch, parsed)
-		return res, nil, err
+	return size
+}
+
+// SyncToken implements journal.Admission.
+func (v *View) SyncToken(ctx context.Context) (string, error) {
+	return journalsql.SyncToken(ctx, v.r, v.p)
+}
+
+// Pending implements journal.Replay.
+func (v *View) Pending(ctx context.Context, limit int, after int64) (journal.PendingPage, error) {
+	return journalsql.Pending(ctx, v.r, v.p, limit, after)
+}
+
+// Settle implements journal.Replay.
+func (v *View) Settle(ctx context.Context, eventIDs ...string) (n int, err error) {
+	err = v.do(ctx, "settle", 0, func(tx journalsql.Tx) (err error) {
+		n, err = journalsql.Settle(tx, v.p, eventIDs)
+		return err
 	})
+	return n, err
+}
+
+// Read implements journal.ConversationReader.
+func (v *View) Read(ctx context.Context, req journal.ReadRequest) (journal.Page, error) {
+	return v.b.Read(ctx, v.p, req)
+}
+
+// AdmittedThreadID implements journal.RelationLookup.
+func (v *View) AdmittedThreadID(ctx context.Context, roomID, eventID string) (*string, bool, error) {
+	return journalsql.AdmittedThreadID(ctx, v.r, v.p, roomID, eventID)
+}
+
+// AdmittedEvent implements journal.RelationLookup.
+func (v *View) AdmittedEvent(ctx context.Context, eventID string) (journal.AdmittedEvent, bool, error) {
+	return journalsql.AdmittedEvent(ctx, v.r, v.p, eventID)
+}
+
+// LatestVisibleEventID implements journal.RelationLookup.
+func (v *View) LatestVisibleEventID(ctx context.Context, roomID string, thread *string) (string, bool, error) {
+	return v.b.LatestVisibleEventID(ctx, v.p, roomID, thread)
+}
+
+// InstallHistory implements journal.Hydration. Events are parsed here, in
+// the caller's goroutine, as admission's are.
+func (v *View) InstallHistory(ctx context.Context, roomID string, epoch int64, events []journal.Inbound) (res journal.HistoryResult, err error) {
+	parsed := journal.Parse(events, v.now())
+	err = v.do(ctx, "install history", inboundSize(events), func(tx journalsql.Tx) (err error) {
+		res, err = journalsql.InstallHistory(tx, v.p, roomID, epoch, parsed)
+		return err
+	})
+	return res, err
 }
 
 // MarkCovered implements journal.Hydration.
@@ -116,30 +133,164 @@ func (v *View) MarkCovered(ctx context.Context, roomID string, thread *string, e
 	if err != nil {
 		return err
 	}
-	_, err = write(ctx, v, "mark covered", 0, func(tx *sqlitefs.Tx) (struct{}, []hint.Hint, error) {
-		return struct{}{}, nil, sqlitefs.MarkCovered(tx, v.p, roomID, key, epoch)
+	return v.do(ctx, "mark covered", 0, func(tx journalsql.Tx) error {
+		return journalsql.MarkCovered(tx, v.p, roomID, key, epoch)
 	})
-	return err
 }
 
 // Covered implements journal.Hydration.
 func (v *View) Covered(ctx context.Context, roomID string, thread *string) (bool, error) {
-	key, err := journal.EncodeThread(thread)
-	if err != nil {
-		return false, err
-	}
-	return v.s.db.Covered(ctx, v.p, roomID, key)
+	return journalsql.Covered(ctx, v.r, v.p, roomID, thread)
 }
 
 // RefreshDebt implements journal.Hydration.
 func (v *View) RefreshDebt(ctx context.Context, roomID, eventID string) (journal.RefreshDebt, bool, error) {
-	return v.s.db.RefreshDebt(ctx, v.p, roomID, eventID)
+	return journalsql.RefreshDebt(ctx, v.r, v.p, roomID, eventID)
 }
 
 // ApplyRefetch implements journal.Hydration.
-func (v *View) ApplyRefetch(ctx context.Context, r journal.Refetched) (journal.RefetchOutcome, error) {
-	return write(ctx, v, "apply refetch", 0, func(tx *sqlitefs.Tx) (journal.RefetchOutcome, []hint.Hint, error) {
-		outcome, err := sqlitefs.ApplyRefetch(tx, v.p, r)
-		return outcome, nil, err
+func (v *View) ApplyRefetch(ctx context.Context, r journal.Refetched) (outcome journal.RefetchOutcome, err error) {
+	err = v.do(ctx, "apply refetch", 0, func(tx journalsql.Tx) (err error) {
+		outcome, err = journalsql.ApplyRefetch(tx, v.p, r)
+		return err
 	})
+	return outcome, err
+}
+
+// EnqueueAndSettle implements journal.Outbox.
+func (v *View) EnqueueAndSettle(ctx context.Context, req journal.EnqueueRequest) (res journal.EnqueueResult, err error) {
+	err = v.w.Do(ctx, "enqueue", len(req.Content), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+		res, hints, err = journalsql.EnqueueAndSettle(tx, v.p, req)
+		return hints, err
+	})
+	return res, err
+}
+
+// Claim implements journal.Outbox. A superseded placeholder is refused,
+// but its retirement commits.
+func (v *View) Claim(ctx context.Context, deliveryID string, stage journal.Stage, deviceID string) (journal.Delivery, error) {
+	var (
+		d       journal.Delivery
+		refused error
+	)
+	err := v.do(ctx, "claim", 0, func(tx journalsql.Tx) (err error) {
+		d, err = journalsql.Claim(tx, v.p, deliveryID, stage, deviceID)
+		if errors.Is(err, journal.ErrPlaceholderSuperseded) {
+			refused, err = err, nil
+		}
+		return err
+	})
+	if err != nil {
+		return journal.Delivery{}, err
+	}
+	if refused != nil {
+		return journal.Delivery{}, fmt.Errorf("claim: %w", refused)
+	}
+	return d, nil
+}
+
+// AdoptDevice implements journal.Outbox.
+func (v *View) AdoptDevice(ctx context.Context, deliveryID string, stage journal.Stage, deviceID string) error {
+	return v.do(ctx, "adopt_device", 0, func(tx journalsql.Tx) error {
+		return journalsql.AdoptDevice(tx, v.p, deliveryID, stage, deviceID)
+	})
+}
+
+// Acknowledge implements journal.Outbox.
+func (v *View) Acknowledge(ctx context.Context, deliveryID string, stage journal.Stage, sent journal.Sent) (res journal.AckResult, err error) {
+	err = v.w.Do(ctx, "acknowledge", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+		res, hints, err = journalsql.Acknowledge(tx, v.p, deliveryID, stage, sent)
+		return hints, err
+	})
+	return res, err
+}
+
+// Fail implements journal.Outbox.
+func (v *View) Fail(ctx context.Context, deliveryID string, stage journal.Stage, reason string, permanent bool) error {
+	return v.do(ctx, "fail_delivery", len(reason), func(tx journalsql.Tx) error {
+		return journalsql.Fail(tx, v.p, deliveryID, stage, reason, permanent)
+	})
+}
+
+// Retire implements journal.Outbox.
+func (v *View) Retire(ctx context.Context, deliveryID string, stage journal.Stage) error {
+	return v.do(ctx, "retire_delivery", 0, func(tx journalsql.Tx) error {
+		return journalsql.Retire(tx, v.p, deliveryID, stage)
+	})
+}
+
+// Delivery implements journal.Outbox.
+func (v *View) Delivery(ctx context.Context, deliveryID string, stage journal.Stage) (journal.Delivery, error) {
+	return journalsql.Delivery(ctx, v.r, v.p, deliveryID, stage)
+}
+
+// Unacknowledged implements journal.Outbox.
+func (v *View) Unacknowledged(ctx context.Context, limit int, after *journal.DeliveryCursor) ([]journal.Delivery, error) {
+	return journalsql.Unacknowledged(ctx, v.r, v.p, limit, after)
+}
+
+// UpsertTurn implements journal.TurnRecords.
+func (v *View) UpsertTurn(ctx context.Context, rec journal.TurnRecord) error {
+	return v.do(ctx, "upsert_turn", len(rec.Record), func(tx journalsql.Tx) error {
+		return journalsql.UpsertTurn(tx, v.p.Agent, rec)
+	})
+}
+
+// Turn implements journal.TurnRecords.
+func (v *View) Turn(ctx context.Context, turnID string) (journal.TurnRecord, bool, error) {
+	return journalsql.Turn(ctx, v.r, v.p.Agent, turnID)
+}
+
+// TurnForEvent implements journal.TurnRecords.
+func (v *View) TurnForEvent(ctx context.Context, eventID string) (journal.TurnRecord, bool, error) {
+	return journalsql.TurnForEvent(ctx, v.r, v.p.Agent, eventID)
+}
+
+// Turns implements journal.TurnRecords.
+func (v *View) Turns(ctx context.Context, limit int, afterTurnID string) ([]journal.TurnRecord, error) {
+	return journalsql.Turns(ctx, v.r, v.p.Agent, limit, afterTurnID)
+}
+
+// ForgetTurns implements journal.TurnRecords.
+func (v *View) ForgetTurns(ctx context.Context, turnIDs ...string) (n int, err error) {
+	err = v.do(ctx, "forget_turns", 0, func(tx journalsql.Tx) (err error) {
+		n, err = journalsql.ForgetTurns(tx, v.p.Agent, turnIDs)
+		return err
+	})
+	return n, err
+}
+
+// FenceDeparture implements journal.Membership.
+func (v *View) FenceDeparture(ctx context.Context, roomID string, source journal.DepartureSource, observationID string) (o journal.DepartureOutcome, err error) {
+	err = v.w.Do(ctx, "fence_departure", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+		o, hints, err = journalsql.FenceDeparture(tx, v.p, roomID, source, observationID)
+		return hints, err
+	})
+	return o, err
+}
+
+// RecordJoin implements journal.Membership.
+func (v *View) RecordJoin(ctx context.Context, roomID, observationID string) error {
+	return v.do(ctx, "record_join", 0, func(tx journalsql.Tx) error {
+		return journalsql.RecordJoin(tx, v.p, roomID, observationID)
+	})
+}
+
+// RoomEpoch implements journal.Membership.
+func (v *View) RoomEpoch(ctx context.Context, roomID string) (int64, bool, error) {
+	return journalsql.RoomEpoch(ctx, v.r, v.p, roomID)
+}
+
+// RoomsOwingDepartureReports implements journal.Membership.
+func (v *View) RoomsOwingDepartureReports(ctx context.Context) ([]string, error) {
+	return journalsql.RoomsOwingDepartureReports(ctx, v.r, v.p)
+}
+
+// RetireOwedDepartureReports implements journal.Membership.
+func (v *View) RetireOwedDepartureReports(ctx context.Context, roomIDs ...string) (n int, err error) {
+	err = v.do(ctx, "retire_owed_reports", 0, func(tx journalsql.Tx) (err error) {
+		n, err = journalsql.RetireOwedDepartureReports(tx, v.p, roomIDs)
+		return err
+	})
+	return n, err
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mindroomd/mindroomd/actors"
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/actors/writer"
 )
 
 // testDeadline bounds every wait in these tests, so a deadlock fails the

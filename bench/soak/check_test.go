@@ -3,11 +3,11 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
+	"github.com/mindroomd/mindroomd/store"
 	"slices"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
@@ -189,7 +189,7 @@ func postgresJournal(t *testing.T) journalCase {
 	return journalCase{
 		at: journalAt{storage: t.TempDir(), pgURL: url},
 		open: func(t *testing.T) journal.Store {
-			s, err := pgfs.Open(t.Context(), pgfs.Options{URL: url})
+			s, err := store.Open(t.Context(), store.Options{DatabaseURL: url})
 			if err != nil {
 				t.Fatal(err)
 			}

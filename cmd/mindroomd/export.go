@@ -20,8 +20,7 @@ import (
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/journal"
-	"github.com/mindroomd/mindroomd/pgfs"
-	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store"
 )
 
 // envAPIToken names the environment variable export reads the agent's API
@@ -68,7 +67,6 @@ func (e *apiError) Error() string {
 
 // exportOptions are the flags of export.
 type exportOptions struct {
-	config    string
 	agent     string
 	room      string
 	thread    string
@@ -112,22 +110,14 @@ func (o exportOptions) threadOf() *string {
 // API's export format: through the running daemon's agent API, or with
 // offline from the journal itself, read-only. Progress goes to errOut
 // when it is a terminal.
-func runExport(ctx context.Context, out, errOut io.Writer, o exportOptions) error {
-	cfg, err := config.Load(o.config, nil)
-	if err != nil {
-		return err
-	}
+func runExport(ctx context.Context, out, errOut io.Writer, cfg *config.Config, o exportOptions) error {
 	a, err := exportAgent(cfg, o.agent)
 	if err != nil {
 		return err
 	}
 	bw := bufio.NewWriter(out)
 	if o.offline {
-		open := sqliteReader(cfg.Storage)
-		if cfg.DatabaseURL.IsSet() {
-			open = postgresReader(cfg.DatabaseURL.Reveal())
-		}
-		err = exportOffline(ctx, bw, terminal(errOut), open, a.Principal(), o.room, o.threadOf(), o.format,
+		err = exportOffline(ctx, bw, terminal(errOut), journalReader(journalOptions(cfg)), a.Principal(), o.room, o.threadOf(), o.format,
 			journal.DefaultExportPage)
 	} else {
 		err = exportFromDaemon(ctx, bw, terminal(errOut), cfg, a, o)
@@ -310,50 +300,20 @@ func apiToken(tokenFile string, a config.Agent) (string, error) {
 		a.Name, envAPIToken)}
 }
 
-// principalReader reads one principal's conversations from a journal.
-type principalReader struct {
-	db *sqlitefs.DB
-	p  sqlitefs.Principal
-}
-
-// Read implements journal.ConversationReader.
-func (r principalReader) Read(ctx context.Context, req journal.ReadRequest) (journal.Page, error) {
-	return r.db.Read(ctx, r.p, req)
-}
-
 // openReader opens a journal read-only and returns principal's reader of
 // it, and how to close it.
 type openReader func(ctx context.Context, principal journal.Principal) (journal.ConversationReader, func(), error)
 
-// sqliteReader reads the SQLite journal under storage.
-func sqliteReader(storage string) openReader {
+// journalReader reads the journal journalAt names, read-only.
+func journalReader(journalAt store.Options) openReader {
+	journalAt.ReadOnly, journalAt.Readers, journalAt.MaxConns = true, 1, 2
 	return func(ctx context.Context, principal journal.Principal) (journal.ConversationReader, func(), error) {
-		db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
-		if err != nil {
-			return nil, nil, err
-		}
-		p, ok, err := db.LookupPrincipal(ctx, principal)
-		if err == nil && !ok {
-			err = fmt.Errorf("%w: %s (%s)", errNoPrincipal, principal.Agent, principal.UserID)
-		}
-		if err != nil {
-			_ = db.Close()
-			return nil, nil, err
-		}
-		return principalReader{db: db, p: p}, func() { _ = db.Close() }, nil
-	}
-}
-
-// postgresReader reads the journal kept in PostgreSQL at url, in
-// read-only sessions.
-func postgresReader(url string) openReader {
-	return func(ctx context.Context, principal journal.Principal) (journal.ConversationReader, func(), error) {
-		s, err := pgfs.Open(ctx, pgfs.Options{URL: url, ReadOnly: true, MaxConns: 2})
+		s, err := store.Open(ctx, journalAt)
 		if err != nil {
 			return nil, nil, err
 		}
 		v, err := s.Principal(ctx, principal.Agent, principal.UserID)
-		if errors.Is(err, pgfs.ErrUnknownPrincipal) {
+		if errors.Is(err, store.ErrUnknownPrincipal) {
 			err = fmt.Errorf("%w: %s (%s)", errNoPrincipal, principal.Agent, principal.UserID)
 		}
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/store"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -147,7 +148,7 @@ func TestAnOfflineExportIsTheAPIsExportByteForByte(t *testing.T) {
 			}
 			want := apiExport(t, srv.URL, "helper", exportRoom, query)
 			var got bytes.Buffer
-			if err := exportOffline(context.Background(), &got, nil, sqliteReader(storage), helper, exportRoom, tc.thread, tc.format, 3); err != nil {
+			if err := exportOffline(context.Background(), &got, nil, journalReader(store.Options{StorageDir: storage}), helper, exportRoom, tc.thread, tc.format, 3); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got.Bytes(), want) {

@@ -21,7 +21,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -180,13 +179,9 @@ type Main struct {
 	errOut  io.Writer
 	now     func() time.Time
 	command string
-	storage string
-	// dbURLFile names a file holding the PostgreSQL URL of a journal kept
-	// there, for status.
-	dbURLFile string
-	config    string
-	to        string
-	export    exportOptions
+	journal journalFlags
+	to      string
+	export  exportOptions
 }
 
 // NewMain returns a Main writing its output to out, and the daemon's log
@@ -216,16 +211,14 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		writeUsage(m.out)
 		return flag.ErrHelp
 	case "run":
-		fs.StringVar(&m.config, "config", "mindroom.yaml", "the configuration file")
+		m.journal.register(fs, false)
 	case "status":
-		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
-		fs.StringVar(&m.dbURLFile, "database-url-file", "",
-			"a file holding the PostgreSQL URL of a journal kept there (env "+config.EnvDatabaseURL+" holds the URL itself)")
+		m.journal.register(fs, true)
 	case "backup":
-		fs.StringVar(&m.storage, "storage", envOr("MINDROOM_STORAGE", "mindroom_data"), "storage directory (env MINDROOM_STORAGE)")
+		m.journal.register(fs, true)
 		fs.StringVar(&m.to, "to", "", "the backup file to create (required; never overwritten)")
 	case "export":
-		fs.StringVar(&m.export.config, "config", "mindroom.yaml", "the daemon's configuration file: its agents, listen address and storage")
+		m.journal.register(fs, false)
 		fs.StringVar(&m.export.agent, "agent", "", "the agent whose conversation it is (default: the only configured agent)")
 		fs.StringVar(&m.export.room, "room", "", "the room ID (required)")
 		fs.StringVar(&m.export.thread, "thread", "", "the event ID of a thread root: export the thread instead of the room")
@@ -239,6 +232,7 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return &usageError{err: fmt.Errorf("unknown command %q", m.command)}
 	}
 	err := fs.Parse(args[1:])
+	m.journal.parsed(fs)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprintf(m.out, "usage: mindroomd %s [flags]\n\n%s\n", m.command, summary(m.command))
@@ -266,48 +260,32 @@ func (m *Main) Run(ctx context.Context) error {
 		_, err := fmt.Fprintln(m.out, "mindroomd", version)
 		return err
 	case "status":
-		url, err := databaseURL(m.dbURLFile)
+		cfg, err := m.journal.load()
 		if err != nil {
 			return err
 		}
-		if url != "" {
-			return runStatusPostgres(ctx, m.out, url, m.now)
-		}
-		return runStatus(ctx, m.out, m.storage, m.now)
+		return runStatus(ctx, m.out, journalOptions(cfg), m.now)
 	case "export":
-		return runExport(ctx, m.out, m.errOut, m.export)
+		cfg, err := m.journal.load()
+		if err != nil {
+			return err
+		}
+		return runExport(ctx, m.out, m.errOut, cfg, m.export)
 	case "run":
-		return runDaemon(ctx, m.errOut, m.config)
+		cfg, err := m.journal.load()
+		if err != nil {
+			return err
+		}
+		return runDaemon(ctx, m.errOut, cfg)
 	case "backup":
-		return runBackup(ctx, m.out, m.storage, m.to)
+		cfg, err := m.journal.load()
+		if err != nil {
+			return err
+		}
+		return runBackup(ctx, m.out, cfg, m.to)
 	}
 	return nil
 }
 
-// databaseURL is the PostgreSQL URL file holds, or else the one
-// MINDROOM_DATABASE_URL holds; "" when neither names one. The error never
-// repeats the URL.
-func databaseURL(file string) (string, error) {
-	if file == "" {
-		return os.Getenv(config.EnvDatabaseURL), nil
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return "", fmt.Errorf("read the database URL: %w", err)
-	}
-	url := strings.TrimSpace(string(data))
-	if url == "" {
-		return "", fmt.Errorf("the database URL file %s is empty", file)
-	}
-	return url, nil
-}
-
 // Close releases what Run opened; subcommands close their own resources.
 func (m *Main) Close() error { return nil }
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/mindroomd/mindroomd/store"
 	"io"
 	"os"
 	"os/exec"
@@ -201,7 +202,7 @@ func TestStatusReadsWhileTheWriteLockIsHeld(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	var out bytes.Buffer
-	if err := runStatus(short, &out, dir, time.Now); err != nil {
+	if err := runStatus(short, &out, store.Options{StorageDir: dir}, time.Now); err != nil {
 		t.Fatalf("status while the write lock is held: %v", err)
 	}
 	if !strings.Contains(out.String(), "helper@@helper:example.org  1") {
@@ -268,7 +269,7 @@ func TestStatusGivesUpAtItsDeadlineOnALockedJournal(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = runStatus(short, io.Discard, dir, time.Now)
+	err = runStatus(short, io.Discard, store.Options{StorageDir: dir}, time.Now)
 	took := time.Since(start)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("status of a locked journal: %v, want context.DeadlineExceeded", err)

@@ -23,11 +23,9 @@ import (
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
-	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/metrics"
-	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/store"
 )
 
@@ -38,7 +36,7 @@ const leaveTimeout = time.Minute
 // daemon is what run started, stopped in the reverse order.
 type daemon struct {
 	log    zerolog.Logger
-	store  journalStore
+	store  *store.Store
 	system *actor.ActorSystem
 	// actors are each agent's hydrator and principal, in start order;
 	// they stop in reverse.
@@ -53,11 +51,7 @@ type daemon struct {
 // stops the journal or an agent, then shuts down in order: the principals
 // (their sync loops, workers, fences and outboxes) first, the writer last,
 // after it committed everything already accepted.
-func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error) {
-	cfg, err := config.Load(cfgPath, nil)
-	if err != nil {
-		return err
-	}
+func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err error) {
 	log := zerolog.New(stderr).With().Timestamp().Logger()
 	// Every back-end is checked before anything opens or signs in.
 	answers := make([]principal.Agent, len(cfg.Agents))
@@ -94,7 +88,7 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	if err != nil {
 		return err
 	}
-	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("journal", journalKind(cfg)).
+	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("journal", d.store.Kind()).
 		Str("listen", addr).Msg("mindroomd running")
 	select {
 	case <-ctx.Done():
@@ -107,54 +101,12 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfgPath string) (err error
 	}
 }
 
-// journalStore is the journal as the daemon runs it, on either backend.
-type journalStore interface {
-	journal.Store
-	// Hints carries the after-commit wake-ups the agent API waits on.
-	Hints() *hint.Bus
-	// Backlogs reads what every principal still owes, for the metrics.
-	Backlogs(ctx context.Context) ([]journal.Backlog, error)
-	// Done is closed when the journal stopped taking writes; Fatal says
-	// why.
-	Done() <-chan struct{}
-	Fatal() error
-}
-
-// postgresJournal is the PostgreSQL journal as the daemon runs it. It has
-// no single writer to lose: each command reports its own error, and a
-// lost connection is the pool's to replace, so Done never closes.
-type postgresJournal struct{ *pgfs.Store }
-
-// Done implements journalStore.
-func (postgresJournal) Done() <-chan struct{} { return nil }
-
-// Fatal implements journalStore.
-func (postgresJournal) Fatal() error { return nil }
-
-// journalKind names the backend cfg selects, for the logs.
-func journalKind(cfg *config.Config) string {
-	if cfg.DatabaseURL.IsSet() {
-		return "postgresql"
-	}
-	return "sqlite"
-}
-
 // openJournal opens the journal cfg selects: PostgreSQL when a database
 // URL is configured, the SQLite file under storage otherwise.
-func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (journalStore, error) {
-	if cfg.DatabaseURL.IsSet() {
-		s, err := pgfs.Open(ctx, pgfs.Options{URL: cfg.DatabaseURL.Reveal(), Log: d.log})
-		if err != nil {
-			return nil, err
-		}
-		return postgresJournal{s}, nil
-	}
-	s, err := store.Open(ctx, store.Options{StorageDir: cfg.Storage, Log: d.log,
-		OnCommit: d.metrics.Committed, OnBusy: d.metrics.Busy})
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
+func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (*store.Store, error) {
+	opts := journalOptions(cfg)
+	opts.Log, opts.OnCommit, opts.OnBusy = d.log, d.metrics.Committed, d.metrics.Busy
+	return store.Open(ctx, opts)
 }
 
 // backend is the Agent the i-th agent's back-end answers with, logging to

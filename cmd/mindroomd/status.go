@@ -2,50 +2,29 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
 
+	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store"
 )
 
-// runStatus prints the journal's identity and file sizes, then one line
-// per principal: its journal rows, pending work and visible messages, its
+// runStatus prints the journal's identity and sizes, then one line per
+// principal: its journal rows, pending work and visible messages, its
 // outbox by state, the departure echoes it is owed, and how long before
-// now its last sync stored its token. It reads the journal read-only
-// (sqlitefs.OpenReadOnly), so it runs beside the daemon without waiting for
-// it or changing the file, and a mistyped path is an error rather than a
-// new file.
-func runStatus(ctx context.Context, out io.Writer, storage string, now func() time.Time) error {
-	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	gen, err := db.Generation(ctx)
-	if err != nil {
-		return err
-	}
-	st, err := db.Status(ctx)
-	if err != nil {
-		return err
-	}
-	sz, err := db.Sizes()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", db.Path, gen, sqlitefs.SchemaVersion())
-	fmt.Fprintf(out, "database %s, WAL %s\n\n", size(sz.Database), size(sz.WAL))
-	return writeStatus(out, st, now())
-}
-
-// runStatusPostgres is runStatus for a journal kept in PostgreSQL, read
-// in read-only sessions. Neither the URL nor its host is printed.
-func runStatusPostgres(ctx context.Context, out io.Writer, url string, now func() time.Time) error {
-	s, err := pgfs.Open(ctx, pgfs.Options{URL: url, ReadOnly: true, MaxConns: 1})
+// now its last sync stored its token. It opens the journal read-only, so
+// it runs beside the daemon without waiting for it or changing anything,
+// and a mistyped path is an error rather than a new file. Neither a
+// database URL nor its host is printed.
+func runStatus(ctx context.Context, out io.Writer, journalAt store.Options, now func() time.Time) error {
+	journalAt.ReadOnly, journalAt.Readers, journalAt.MaxConns = true, 1, 1
+	s, err := store.Open(ctx, journalAt)
 	if err != nil {
 		return err
 	}
@@ -58,12 +37,21 @@ func runStatusPostgres(ctx context.Context, out io.Writer, url string, now func(
 	if err != nil {
 		return err
 	}
-	sz, err := s.Size(ctx)
-	if err != nil {
-		return err
+	if pg := s.Postgres(); pg != nil {
+		sz, err := pg.Size(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "journal in PostgreSQL (generation %s, schema v%d)\n", gen, pgfs.SchemaVersion())
+		fmt.Fprintf(out, "tables and indexes %s\n\n", size(sz))
+	} else {
+		sz, err := s.DB().Sizes()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", s.DB().Path, gen, sqlitefs.SchemaVersion())
+		fmt.Fprintf(out, "database %s, WAL %s\n\n", size(sz.Database), size(sz.WAL))
 	}
-	fmt.Fprintf(out, "journal in PostgreSQL (generation %s, schema v%d)\n", gen, pgfs.SchemaVersion())
-	fmt.Fprintf(out, "tables and indexes %s\n\n", size(sz))
 	return writeStatus(out, st, now())
 }
 
@@ -107,11 +95,14 @@ func size(n int64) string {
 	return fmt.Sprintf("%.1f %ciB (%d bytes)", float64(n)/float64(div), "KMGTP"[exp], n)
 }
 
-// runBackup writes a consistent copy of the journal under storage to the
-// new file to and verifies it. It reads the journal read-only, so it runs
-// beside the daemon without stopping it.
-func runBackup(ctx context.Context, out io.Writer, storage, to string) error {
-	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: storage, Readers: 1})
+// runBackup writes a consistent copy of the SQLite journal cfg names to
+// the new file to, then verifies it. A PostgreSQL journal is backed up with
+// PostgreSQL's own tools.
+func runBackup(ctx context.Context, out io.Writer, cfg *config.Config, to string) error {
+	if cfg.DatabaseURL.IsSet() {
+		return errors.New("backup copies a SQLite journal; the journal is in PostgreSQL: use pg_dump")
+	}
+	db, err := sqlitefs.OpenReadOnly(ctx, sqlitefs.Options{StorageDir: cfg.Storage, Readers: 1})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,104 @@
+package journalsql
+
+// Stmt names one statement of the shared work. Each dialect keeps the
+// statement's text in a table indexed by Stmt, written from constants, so
+// the Go around a statement is written once while its SQL may differ. The
+// comment on each names its arguments in order; an EventKey argument is
+// bound as the dialect's identity index needs.
+type Stmt int
+
+// The statements.
+const (
+	// Admission and the journal.
+
+	SelectThreadOf      Stmt = iota // (principal, EventKey, room) → thread_id
+	SelectJournaledSeq              // (principal, EventKey, room) → seq, thread_id
+	SettleEvent                     // (principal, EventKey); drops the payload
+	SettleEventInRoom               // (principal, EventKey, room)
+	InsertRejected                  // (principal, room, event_id, fingerprint, reason, raw, received_ms)
+	UpdateSyncToken                 // (token, ms, principal)
+	SelectPending                   // (principal, after seq, limit) → seq, event_id, room_id, kind, epoch, payload
+	SelectAdmittedEvent             // (principal, EventKey) → room_id, thread_id, pending
+	SelectSyncToken                 // (principal) → sync_token
+	SelectPrincipalID               // (agent, user_id) → id
+	InsertPrincipal                 // (agent, user_id) → id, of the existing row if any
+
+	// The visible-message projection.
+
+	SelectTombstone       // (principal, room, event_id) → exists
+	ProbeOriginal         // (principal, room, event_id) → tombstoned, held
+	InsertTombstone       // (principal, room, event_id, redaction seq)
+	SelectVisibleByEvent  // (principal, EventKey, room) → seq, sender, revision_id, revision_ts
+	InsertVisible         // (seq, room key, thread, event_id, sender, created_ts, stored revision_id, revision_ts, content, refresh_token, epoch)
+	UpdateVisibleRevision // (revision_id, revision_ts, content, refresh_token, seq)
+	DeleteVisible         // (seq)
+	ClearVisibleOnEdit    // (refresh_token, seq, revision_id)
+	SelectHeldEdit        // (principal, room, target, sender) → edit_id, edit_ts, content
+	UpsertHeldEdit        // (principal, room, target, sender, edit_id, edit_ts, content, epoch)
+	DeleteHeldEdits       // (principal, room, target)
+	TakeHeldEdits         // (principal, room, target) → sender, edit_id, edit_ts, content, taking them
+	ClearHeldEdit         // (principal, room, edit_id)
+	SelectJournalEdit     // (principal, EventKey, room) → target_id, of an edit
+
+	// The outbox. Rows read are in scanDelivery's column order.
+
+	SelectDelivery       // (principal, delivery_id, stage) → a delivery
+	SelectRetiredStage   // (principal, delivery_id) → exists
+	SelectSource         // (principal, EventKey) → room_id, epoch
+	InsertDelivery       // (principal, delivery_id, stage, room, thread, txn_id, turn_id, event_type, payload, epoch, created_ms, updated_ms)
+	UpdateQueuedDelivery // (room, thread, turn_id, event_type, payload, epoch, updated_ms, id); only while never attempted
+	ClaimDelivery        // (device_id, replaces_event_id, updated_ms, id); a recorded device stays
+	RetireDelivery       // (updated_ms, id)
+	MoveDevice           // (device_id, updated_ms, id)
+	AckDelivery          // (event_id, updated_ms, id)
+	FailDelivery         // (permanent, reason, updated_ms, id); an acknowledged or retired row keeps its state
+	SelectUnackedHead    // (principal, limit) → deliveries
+	SelectUnackedAfter   // (principal, created_ms, id, limit) → deliveries after the cursor
+
+	// Membership and the fence.
+
+	SelectMembership     // (principal, room) → epoch, departed
+	UpsertDeparture      // (principal, room); the epoch moves on
+	UpsertJoin           // (principal, room)
+	InsertObservation    // (principal, observation_id, room); nothing when seen before
+	InsertOwedReport     // (principal, room, owed_ms)
+	SelectOldestOwed     // (principal, room, since ms) → id
+	DeleteOwedReport     // (id)
+	DeleteExpiredOwed    // (principal, room, before ms)
+	SelectOwedRooms      // (principal) → room_id
+	DeleteOwedRoom       // (principal, room)
+	FenceVisible         // (principal, room)
+	FenceHeldEdits       // (principal, room)
+	FenceTombstones      // (principal, room)
+	FenceCoverage        // (principal, room)
+	FenceUnattempted     // (updated_ms, principal, room)
+	FencePendingTurnWork // (principal, room)
+
+	// Turn records.
+
+	UpsertTurnRecord   // (agent, turn_id, room, state, record, event_id, updated_ms)
+	CompleteTurnRecord // (event_id, updated_ms, agent, turn_id)
+	DeleteTurnSources  // (agent, turn_id)
+	UpsertTurnSource   // (agent, event_id, turn_id)
+	DeleteTurn         // (agent, turn_id)
+	SelectTurn         // (agent, turn_id) → a turn
+	SelectTurnByEvent  // (agent, event_id) → a turn
+	SelectTurnSources  // (agent, turn_id) → event_id, in order
+	SelectTurnsAfter   // (agent, after turn_id, limit) → turns
+
+	// Hydration.
+
+	UpsertCoverage  // (principal, room, thread, epoch, covered_ms)
+	SelectCovered   // (principal, room, thread) → covered
+	SelectDebt      // (principal, EventKey, room) → seq, sender, revision_id, revision_ts, refresh token
+	SelectDebtEpoch // (principal, EventKey, room) → refresh token, epoch, departed
+	InstallRevision // (revision_id, revision_ts, content, seq)
+
+	// Operator reads.
+
+	SelectStatus  // () → journal.PrincipalStatus's figures, one row per principal
+	SelectBacklog // () → agent, user_id, pending, queued, attempted
+
+	// NumStmts counts the statements: a dialect's table has this length.
+	NumStmts
+)
