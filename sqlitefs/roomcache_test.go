@@ -13,7 +13,7 @@ import (
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
-// batchTx runs commands the way the writer does (actors/writer): one
+// batchTx runs commands the way the writer does (store/writer): one
 // transaction, each command in a savepoint, and the command's after-commit
 // work kept only if it succeeds and run, in order, only after COMMIT.
 type batchTx struct {

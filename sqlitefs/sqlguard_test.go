@@ -51,7 +51,7 @@ var integerFormatters = []string{"strconv.Itoa", "strconv.FormatInt", "strconv.F
 // variable that only ever holds such text, an integer formatted onto a
 // PRAGMA's constant text (pragma values cannot be bound), or a parameter
 // of a function whose every call in the module passes such text (the
-// transaction wrappers of sqlitefs/tx.go and actors/writer, and any helper
+// transaction wrappers of sqlitefs/tx.go and store/writer, and any helper
 // like them, are checked at their callers). Test files are not scanned:
 // their SQL is fixed test tables, and no input reaches it.
 func TestSQLTextComesOnlyFromConstants(t *testing.T) {

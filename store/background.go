@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"time"
 
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store/writer"
 )
 
 // busyOutstanding is the number of write commands in flight from which the

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/store/writer"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 

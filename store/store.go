@@ -18,12 +18,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mindroomd/mindroomd/actors"
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/journalsql"
 	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store/writer"
 )
 
 // DefaultMaxOutstanding bounds the write commands in flight at once. The

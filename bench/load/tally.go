@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mindroomd/mindroomd/actors/writer"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store/writer"
 )
 
 // lockText matches what SQLite and the writer say about a lock held by

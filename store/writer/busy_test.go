@@ -11,7 +11,7 @@ import (
 
 	"github.com/mattn/go-sqlite3"
 
-	"github.com/mindroomd/mindroomd/actors/writer"
+	"github.com/mindroomd/mindroomd/store/writer"
 )
 
 // shortBusyTimeout is the writer's busy timeout in these tests: a lock held

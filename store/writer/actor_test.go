@@ -18,7 +18,7 @@ import (
 	"github.com/mindroomd/mindroomd/actors"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/sqlitefs"
-	"github.com/mindroomd/mindroomd/actors/writer"
+	"github.com/mindroomd/mindroomd/store/writer"
 )
 
 // testDeadline bounds every wait in these tests, so a deadlock fails the
