@@ -14,8 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/mindroomd/mindroomd/actors/hydrator"
-	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -92,7 +90,7 @@ func (m *Metrics) Busy(time.Duration) { m.busyWaits.Inc() }
 
 // Agent returns the principal hooks of one agent, and registers its sync
 // lag gauge.
-func (m *Metrics) Agent(name string) (onSynced func([]journal.AdmitResult), onDelivery func(outbox.Point)) {
+func (m *Metrics) Agent(name string) (onSynced func([]journal.AdmitResult), onDelivery func(point string)) {
 	last := new(atomic.Int64)
 	m.mu.Lock()
 	m.lastSync[name] = last
@@ -114,22 +112,34 @@ func (m *Metrics) Agent(name string) (onSynced func([]journal.AdmitResult), onDe
 			m.admitted.WithLabelValues(name, r.Outcome.String()).Inc()
 		}
 	}
-	onDelivery = func(p outbox.Point) { m.deliveries.WithLabelValues(name, string(p)).Inc() }
+	onDelivery = func(point string) { m.deliveries.WithLabelValues(name, point).Inc() }
 	return onSynced, onDelivery
 }
 
-// Hydration returns the hydrator hook of one agent (hydrator.Deps.Finished):
-// it counts the walks that fetched, their requests, the events they
-// fetched and the chunks they installed. A walk that found its
-// conversation covered fetched nothing and is not counted.
-func (m *Metrics) Hydration(agent string) func(hydrator.Walk, error) {
-	return func(w hydrator.Walk, err error) {
+// Walk is what one hydration walk did, as the metrics count it.
+type Walk struct {
+	// Kind is thread, room or refetch.
+	Kind string
+	// Requests, Events and Chunks count the homeserver requests made, the
+	// events they returned and the transactions that installed them.
+	Requests, Events, Chunks int
+	// Covered is set when the conversation was already covered and the
+	// walk fetched nothing; Failed when it ended in an error.
+	Covered, Failed bool
+}
+
+// Hydration returns the hydration hook of one agent: it counts the walks
+// that fetched, their requests, the events they fetched and the chunks
+// they installed. A walk that found its conversation covered fetched
+// nothing and is not counted.
+func (m *Metrics) Hydration(agent string) func(Walk) {
+	return func(w Walk) {
 		if w.Covered {
 			return
 		}
 		add := func(counted string, n int) { m.hydration.WithLabelValues(agent, w.Kind, counted).Add(float64(n)) }
 		add("walks", 1)
-		if err != nil {
+		if w.Failed {
 			add("failures", 1)
 		}
 		add("requests", w.Requests)

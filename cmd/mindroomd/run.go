@@ -19,6 +19,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/actors"
 	"github.com/mindroomd/mindroomd/actors/hydrator"
+	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/api"
@@ -161,12 +162,16 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		return err
 	}
 	onSynced, onDelivery := d.metrics.Agent(a.Name)
+	walked := d.metrics.Hydration(a.Name)
 	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client,
-		Log: log.With().Str("actor", "hydrator").Logger(), Finished: d.metrics.Hydration(a.Name)}))
+		Log: log.With().Str("actor", "hydrator").Logger(), Finished: func(w hydrator.Walk, err error) {
+			walked(metrics.Walk{Kind: w.Kind, Requests: w.Requests, Events: w.Events, Chunks: w.Chunks,
+				Covered: w.Covered, Failed: err != nil})
+		}}))
 	d.actors = append(d.actors, hyd)
 	conversation := &hydrator.Reader{Store: view, Root: d.system.Root, Hydrator: hyd, Log: log}
 	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
-		OnSynced: onSynced, OnDelivery: onDelivery,
+		OnSynced: onSynced, OnDelivery: func(p outbox.Point) { onDelivery(string(p)) },
 		Store: view, Conversation: conversation, Transport: client, Agent: answer, Placeholder: placeholderOf(answer),
 		Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client), DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
