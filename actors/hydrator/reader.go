@@ -2,7 +2,9 @@ package hydrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -27,7 +29,14 @@ type Reader struct {
 	// Hydrator is the principal's hydrator actor.
 	Hydrator *actor.PID
 	Log      zerolog.Logger
+
+	watch sync.Once
+	gone  chan struct{} // closed once the hydrator has stopped
 }
+
+// ErrStopped fails a read that needs the hydrator after it has stopped: no
+// answer would ever come.
+var ErrStopped = errors.New("hydrator stopped")
 
 var _ journal.ConversationReader = (*Reader)(nil)
 
@@ -67,22 +76,67 @@ func (r *Reader) hydrate(ctx context.Context, room string, thread *string) error
 		return err
 	}
 	reply := make(chan *Hydrated, 1)
+	gone := r.stopped()
 	r.Root.Send(r.Hydrator, &Hydrate{RoomID: room, Thread: thread, Reply: reply})
-	select {
-	case h := <-reply:
-		return h.Err
-	case <-ctx.Done():
-		return ctx.Err()
+	h, err := await(ctx, reply, gone)
+	if err != nil {
+		return err
 	}
+	return h.Err
 }
 
 func (r *Reader) refetch(ctx context.Context, room, eventID string) error {
 	reply := make(chan *Refetched, 1)
+	gone := r.stopped()
 	r.Root.Send(r.Hydrator, &Refetch{RoomID: room, EventID: eventID, Reply: reply})
-	select {
-	case f := <-reply:
-		return f.Err
-	case <-ctx.Done():
-		return ctx.Err()
+	f, err := await(ctx, reply, gone)
+	if err != nil {
+		return err
 	}
+	return f.Err
+}
+
+// await waits for the hydrator's answer, failing when ctx ends or when the
+// hydrator stops first: a stopped actor drops what it is sent, and a walk
+// still running when it stopped never answers.
+func await[T any](ctx context.Context, reply <-chan T, gone <-chan struct{}) (T, error) {
+	var zero T
+	select {
+	case v := <-reply:
+		return v, nil
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-gone:
+		// An answer sent just before the stop still counts.
+		select {
+		case v := <-reply:
+			return v, nil
+		default:
+			return zero, ErrStopped
+		}
+	}
+}
+
+// stopped returns a channel closed once the hydrator has stopped, watched
+// by an actor of the Reader's own from the first read that needs it on
+// (watching an actor that already stopped reports it at once).
+func (r *Reader) stopped() <-chan struct{} {
+	r.watch.Do(func() {
+		gone, hydrator := make(chan struct{}), r.Hydrator
+		r.gone = gone
+		closed := false // touched on the watcher's goroutine only
+		r.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case *actor.Started:
+				c.Watch(hydrator)
+			case *actor.Terminated:
+				if m.Who.Equal(hydrator) && !closed {
+					closed = true
+					close(gone)
+					c.Stop(c.Self())
+				}
+			}
+		}))
+	})
+	return r.gone
 }
