@@ -123,6 +123,22 @@ func (c *Client) Send(ctx context.Context, room, eventType, txnID string, conten
 	return resp.EventID, nil
 }
 
+// Redact redacts eventID in room under txnID and returns the redaction's
+// event ID. Redacting an event twice changes nothing further.
+func (c *Client) Redact(ctx context.Context, room, eventID, txnID string) (redactionID string, err error) {
+	if txnID == "" {
+		return "", errors.New("redact: a transaction ID is required")
+	}
+	var resp struct {
+		EventID string `json:"event_id"`
+	}
+	url := c.mx.BuildClientURL("v3", "rooms", room, "redact", eventID, txnID)
+	if err := c.do(ctx, http.MethodPut, url, json.RawMessage(`{}`), &resp); err != nil {
+		return "", fmt.Errorf("redact %s: %w", eventID, err)
+	}
+	return resp.EventID, nil
+}
+
 // Join joins a room by ID or alias and returns its ID.
 func (c *Client) Join(ctx context.Context, roomOrAlias string) (roomID string, err error) {
 	var resp struct {

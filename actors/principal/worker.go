@@ -131,10 +131,12 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	if err != nil {
 		return fmt.Errorf("read turn record: %w", err)
 	}
-	var (
-		content json.RawMessage
-		turn    *journal.TurnRecord
-	)
+	// Only a turn that can be answered has a placeholder: a reaction or a
+	// redaction is never answered, and its placeholder would only be
+	// withdrawn again, or stay in the room had it gone out meanwhile.
+	withPlaceholder := a.deps.Placeholder != nil && e.Kind.TurnBacked()
+	var content json.RawMessage
+	var turn *journal.TurnRecord
 	switch {
 	case answered && rec.State == journal.TurnDelivered:
 		_, err := a.deps.Store.Settle(ctx, e.EventID)
@@ -143,7 +145,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 		content = rec.Record
 	default:
 		var progress func(context.Context, string)
-		if a.deps.Placeholder != nil {
+		if withPlaceholder {
 			if dropped, err := a.placeholder(ctx, e, id, thread); dropped || err != nil {
 				return err
 			}
@@ -154,9 +156,12 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 			return fmt.Errorf("agent: %w", err)
 		}
 		if reply.Ignore {
-			if a.deps.Placeholder != nil {
-				// Unsent, it is withdrawn; sent, it stays as it is.
-				_ = a.deps.Store.Retire(ctx, id, journal.StageInitial)
+			// Retracted before the event settles, so a crash in between
+			// offers the turn again rather than leave the placeholder.
+			if withPlaceholder {
+				if err := a.retract(ctx, e, id); err != nil {
+					return err
+				}
 			}
 			_, err := a.deps.Store.Settle(ctx, e.EventID)
 			return err
@@ -169,7 +174,10 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	}
 	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal,
 		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}, Turn: turn})
-	_, err = a.dropIfEnded(ctx, e, err)
+	dropped, err := a.dropIfEnded(ctx, e, err)
+	if dropped && err == nil && withPlaceholder {
+		err = a.retract(ctx, e, id)
+	}
 	return err
 }
 
@@ -186,14 +194,103 @@ func (a *principalActor) placeholder(ctx context.Context, e journal.PendingEvent
 	return a.dropIfEnded(ctx, e, err)
 }
 
+// placeholderWait bounds how long a turn that ends unanswered waits for
+// its placeholder's send to finish before it can tell whether to redact
+// it; past it, the turn fails and is offered again after a backoff.
+const placeholderWait = 30 * time.Second
+
+// errPlaceholderInFlight fails a turn whose placeholder is still being
+// sent when the turn ends unanswered.
+var errPlaceholderInFlight = errors.New("placeholder still being sent")
+
+// redacter is a Transport that can redact an event (*matrix.Client).
+type redacter interface {
+	Redact(ctx context.Context, room, eventID, txnID string) (string, error)
+}
+
+// retract withdraws the placeholder of the turn of e, whose delivery is id,
+// when the turn ends unanswered: never sent, it is retired; sent, it is
+// redacted. A send in flight is waited out first. A placeholder of a
+// membership that has ended stays as it is: nothing may be sent under
+// another membership, and the fence has ended this one.
+func (a *principalActor) retract(ctx context.Context, e journal.PendingEvent, id string) error {
+	err := a.deps.Store.Retire(ctx, id, journal.StageInitial)
+	switch {
+	case err == nil, errors.Is(err, journal.ErrNoDelivery):
+		return nil
+	case !errors.Is(err, journal.ErrNotClaimable):
+		return fmt.Errorf("retire placeholder: %w", err)
+	}
+	// Checked before the wait too: a dropped turn's membership has ended,
+	// and its placeholder's send need not be waited for.
+	if current, err := a.current(ctx, e); err != nil || !current {
+		return err
+	}
+	d, err := a.sentPlaceholder(ctx, id)
+	if err != nil || d.State != journal.DeliveryAcknowledged {
+		return err // a placeholder refused for good was never shown
+	}
+	if current, err := a.current(ctx, e); err != nil || !current {
+		return err
+	}
+	r, ok := a.deps.Transport.(redacter)
+	if !ok {
+		a.log.Error().Str("event_id", e.EventID).Str("placeholder_id", d.EventID).
+			Msg("The transport cannot redact; the placeholder stays")
+		return nil
+	}
+	// Redacting twice changes nothing, so a retry needs no stable
+	// transaction ID.
+	if _, err := r.Redact(ctx, e.RoomID, d.EventID, "mindroomd-retract-"+uuid.NewString()); err != nil {
+		return fmt.Errorf("redact placeholder: %w", err)
+	}
+	a.log.Info().Str("event_id", e.EventID).Str("placeholder_id", d.EventID).Msg("Placeholder of an unanswered turn redacted")
+	return nil
+}
+
+// sentPlaceholder returns the placeholder of delivery id once no send of it
+// is in flight, waiting at most placeholderWait.
+func (a *principalActor) sentPlaceholder(ctx context.Context, id string) (journal.Delivery, error) {
+	sub := a.deps.Hints.Subscribe(a.deps.Store.Principal().String())
+	defer sub.Close()
+	deadline := time.NewTimer(placeholderWait)
+	defer deadline.Stop()
+	for {
+		d, err := a.deps.Store.Delivery(ctx, id, journal.StageInitial)
+		if err != nil {
+			return d, fmt.Errorf("read placeholder: %w", err)
+		}
+		if d.State != journal.DeliveryAttempted {
+			return d, nil
+		}
+		select {
+		case <-sub.C():
+		case <-deadline.C:
+			return d, errPlaceholderInFlight
+		case <-ctx.Done():
+			return d, ctx.Err()
+		}
+	}
+}
+
+// current reports whether the membership e was admitted under is still the
+// room's: only then may anything of its turn be sent.
+func (a *principalActor) current(ctx context.Context, e journal.PendingEvent) (bool, error) {
+	epoch, departed, err := a.deps.Store.RoomEpoch(ctx, e.RoomID)
+	if err != nil {
+		return false, fmt.Errorf("read membership: %w", err)
+	}
+	return !departed && epoch == e.Epoch, nil
+}
+
 // progressTimeout bounds one progress edit: the agent waits for it, and
 // the edit is worth less than the answer it holds up.
 const progressTimeout = 5 * time.Second
 
 // progress is Turn.Progress for the turn of e, whose delivery is id: each
 // call edits the placeholder, once the outbox has it acknowledged (until
-// then there is nothing to edit and a call does nothing), straight through
-// the transport. The edit is marked in progress in its content and in its
+// then there is nothing to edit and a call does nothing) and while the
+// membership e came under is the room's, straight through the transport. The edit is marked in progress in its content and in its
 // new content, so the projection drops its sync echo
 // (journal.IsTransportProgress), and it carries no delivery marker, so no
 // reconciliation mistakes it for a stage of the reply. Its transaction ID
@@ -212,6 +309,14 @@ func (a *principalActor) progress(e journal.PendingEvent, id string) func(contex
 				return
 			}
 			target = d.EventID
+		}
+		// The fence stops the turn's enqueues, not this direct send: a
+		// membership that ended (even one rejoined since) is shown nothing.
+		if current, err := a.current(ctx, e); err != nil || !current {
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("Reading the membership failed; progress not shown")
+			}
+			return
 		}
 		content, err := progressContent(target, text)
 		if err == nil {
