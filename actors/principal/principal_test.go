@@ -97,6 +97,8 @@ type fixture struct {
 	// principal's placeholder content.
 	answer      principal.Agent
 	placeholder json.RawMessage
+	// journal, when set, wraps the journal view the principal is given.
+	journal func(journal.PrincipalStore) journal.PrincipalStore
 
 	system *actor.ActorSystem
 	store  *store.Store
@@ -145,8 +147,12 @@ func (f *fixture) start() {
 	if f.answer != nil {
 		agent = f.answer
 	}
+	view := f.view
+	if f.journal != nil {
+		view = f.journal(view)
+	}
 	f.pid = f.system.Root.Spawn(principal.Props(principal.Deps{
-		Store: f.view, Transport: transport, Agent: agent, Placeholder: f.placeholder,
+		Store: view, Transport: transport, Agent: agent, Placeholder: f.placeholder,
 		Sender: sender, Reconciler: matrix.NewReconciler(f.client), DeviceID: f.client.DeviceID(),
 		Hints: s.Hints(), AutoJoin: true, Log: testLog(f.t), SyncTimeout: time.Second,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,

@@ -117,10 +117,11 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// offer runs one turn: the agent's answer is recorded in the turn record
-// in the transaction that enqueues the reply and settles the event, so the
-// agent is asked again only if none of it committed. (An agent whose work
-// takes long would record its result on its own first.)
+// offer runs one turn. The agent's answer is recorded in the turn record,
+// in a commit of its own, before the transaction that enqueues the reply
+// and settles the event: once the agent has answered, a retry or a restart
+// sends the recorded answer and never asks the agent again. (An agent whose
+// work takes long would record its result on its own first.)
 func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) error {
 	thread, _, err := a.deps.Store.AdmittedThreadID(ctx, e.RoomID, e.EventID)
 	if err != nil {
@@ -136,7 +137,6 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	// withdrawn again, or stay in the room had it gone out meanwhile.
 	withPlaceholder := a.deps.Placeholder != nil && e.Kind.TurnBacked()
 	var content json.RawMessage
-	var turn *journal.TurnRecord
 	switch {
 	case answered && rec.State == journal.TurnDelivered:
 		_, err := a.deps.Store.Settle(ctx, e.EventID)
@@ -169,11 +169,13 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 		if content, err = replyContent(reply.Content, e.EventID, thread); err != nil {
 			return err
 		}
-		turn = &journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
-			Sources: []string{e.EventID}, Record: content}
+		if err := a.deps.Store.UpsertTurn(ctx, journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
+			Sources: []string{e.EventID}, Record: content}); err != nil {
+			return fmt.Errorf("record turn: %w", err)
+		}
 	}
 	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal,
-		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}, Turn: turn})
+		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}})
 	dropped, err := a.dropIfEnded(ctx, e, err)
 	if dropped && err == nil && withPlaceholder {
 		err = a.retract(ctx, e, id)
