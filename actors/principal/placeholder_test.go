@@ -113,7 +113,7 @@ func TestReactionsAndRedactionsAreGivenNoPlaceholder(t *testing.T) {
 			t.Fatalf("the agent was asked about %s %d times, want once", id, n)
 		}
 		if d, err := f.view.Delivery(f.ctx, journal.ReplyDeliveryID(id), journal.StageInitial); !errors.Is(err, journal.ErrNoDelivery) {
-			t.Fatalf("%s has a placeholder (%+v, %v), want none", id, d, err)
+			t.Fatalf("%s has a placeholder (%s as %s, %v), want none", id, d.State, d.EventID, err)
 		}
 	}
 	f.awaitInRoom(final)

@@ -292,10 +292,11 @@ const progressTimeout = 5 * time.Second
 // progress is Turn.Progress for the turn of e, whose delivery is id: each
 // call edits the placeholder, once the outbox has it acknowledged (until
 // then there is nothing to edit and a call does nothing) and while the
-// membership e came under is the room's, straight through the transport. The edit is marked in progress in its content and in its
-// new content, so the projection drops its sync echo
-// (journal.IsTransportProgress), and it carries no delivery marker, so no
-// reconciliation mistakes it for a stage of the reply. Its transaction ID
+// membership e came under is the room's, straight through the transport.
+// The edit is marked in progress in its content and in its new content,
+// so the projection drops its sync echo (journal.IsTransportProgress), and
+// it carries no delivery marker, so no reconciliation mistakes it for a
+// stage of the reply. Its transaction ID
 // is random: an edit is never retried, and a retried turn's edits must not
 // be taken for its earlier attempt's.
 func (a *principalActor) progress(e journal.PendingEvent, id string) func(context.Context, string) {
