@@ -115,6 +115,13 @@ type principalActor struct {
 	outbox *actor.PID
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
+
+	// joins are the invites not accepted yet, by room (sync.go); joinWake
+	// tells the join loop of new ones.
+	joinMu    sync.Mutex
+	joins     map[string]*pendingJoin
+	joinOrder int
+	joinWake  chan struct{}
 }
 
 // Receive implements actor.Actor.
@@ -169,7 +176,11 @@ func (a *principalActor) start(ctx actor.Context) {
 			}
 		}()
 	}
+	a.joins, a.joinWake = map[string]*pendingJoin{}, make(chan struct{}, 1)
 	run("sync", a.syncLoop)
+	if a.deps.AutoJoin {
+		run("join", a.joinLoop)
+	}
 	if a.deps.Agent != nil {
 		run("work", a.workLoop)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/mindroomd/mindroomd/actors/fence"
@@ -118,7 +119,22 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 			}
 		}
 	}
-	res, err := a.deps.Store.AdmitBatch(ctx, in, batch.NextBatch)
+	for _, room := range batch.Invited {
+		if err := a.fenceInvited(ctx, room); err != nil {
+			return err
+		}
+	}
+	token := batch.NextBatch
+	if a.deps.AutoJoin {
+		if since == "" {
+			if err := a.acceptFirst(ctx, batch.Invited); err != nil {
+				return err
+			}
+		} else {
+			token = a.queueJoins(since, batch)
+		}
+	}
+	res, err := a.deps.Store.AdmitBatch(ctx, in, token)
 	if err != nil {
 		return fmt.Errorf("admit: %w", err)
 	}
@@ -130,9 +146,10 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 	if a.deps.OnSynced != nil {
 		a.deps.OnSynced(res)
 	}
-	if a.deps.AutoJoin {
-		for _, room := range batch.Invited {
-			a.join(ctx, room)
+	if a.deps.AutoJoin && len(batch.Invited) > 0 {
+		select {
+		case a.joinWake <- struct{}{}:
+		default:
 		}
 	}
 	return nil
@@ -276,28 +293,216 @@ func recovered(room string, newestFirst []json.RawMessage) []journal.Inbound {
 	return out
 }
 
-// join accepts an invite. The join's own event arrives by sync later and
-// is recorded then; recording it now as well means what the same sync's
-// next batches bring is already under the new membership.
-func (a *principalActor) join(ctx context.Context, room string) {
-	if _, err := a.deps.Transport.Join(ctx, room); err != nil {
-		a.log.Warn().Err(err).Str("room_id", room).Msg("Accepting an invite failed; the next sync offers it again")
+// fenceInvited ends the membership an invite shows to be over. An invite
+// to a room the journal still has the principal in means it was removed
+// (kicked, banned, or it left from elsewhere) while no sync showed it: a
+// daemon that was down, or a timeline too long to hold the removal. The
+// fence goes first, so nothing of the old membership is answered in the
+// next one. The observation is keyed by the epoch the invite ended, so a
+// batch fetched again after a crash fences nothing twice. A room the
+// journal never heard of reads as joined at epoch 0: fencing it only
+// records the room, which the join then enters.
+func (a *principalActor) fenceInvited(ctx context.Context, room string) error {
+	epoch, departed, err := a.deps.Store.RoomEpoch(ctx, room)
+	if err != nil {
+		return fmt.Errorf("read membership of %s: %w", room, err)
+	}
+	if departed {
+		return nil
+	}
+	res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: room, Source: journal.DepartureRemoved,
+		ObservationID: "invite@" + strconv.FormatInt(epoch, 10)})
+	if err == nil {
+		err = res.Err
+	}
+	if err != nil {
+		return fmt.Errorf("fence %s before its invite: %w", room, err)
+	}
+	a.log.Info().Str("room_id", room).Int64("epoch", epoch).Stringer("outcome", res.Outcome).Msg("Invited to a room the journal had the agent in; the old membership is fenced")
+	return nil
+}
+
+// pendingJoin is an invite not accepted yet.
+type pendingJoin struct {
+	// heldAt is the token of the sync that listed the invite: the sync
+	// token written with later batches stays there until it is accepted.
+	heldAt string
+	// order is when it was listed, so the oldest holds the token.
+	order    int
+	failures int
+	due      time.Time
+}
+
+// queueJoins keeps the invites of an incremental batch for the join loop
+// and returns the sync token to write with the batch.
+//
+// A homeserver lists an invite in the sync that brings it, never again, so
+// an invite whose join fails (a rate limit is enough) is kept and retried
+// with backoff. It is kept durably through the token itself: the token
+// written stays at the since of the oldest batch whose invite is not
+// accepted, so a restart syncs from there and the server lists the invite
+// again. What that sync brings again is deduplicated; nothing of the
+// journal, and no invite, is lost, which a list kept in memory, or a
+// marker only this daemon reads, would not promise.
+func (a *principalActor) queueJoins(since string, batch *matrix.SyncBatch) string {
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	// A room joined from elsewhere, or whose invite was withdrawn or
+	// refused, needs no join any more.
+	for _, rooms := range [][]matrix.RoomTimeline{batch.Joined, batch.Left} {
+		for _, r := range rooms {
+			delete(a.joins, r.RoomID)
+		}
+	}
+	for _, room := range batch.Invited {
+		if _, ok := a.joins[room]; !ok {
+			a.joinOrder++
+			a.joins[room] = &pendingJoin{heldAt: since, order: a.joinOrder, due: a.deps.Now()}
+		}
+	}
+	token, oldest := batch.NextBatch, 0
+	for _, p := range a.joins {
+		if oldest == 0 || p.order < oldest {
+			token, oldest = p.heldAt, p.order
+		}
+	}
+	return token
+}
+
+// acceptFirst accepts the invites of the first sync before it is admitted.
+// No earlier token exists to hold (a sync from none is history), so a join
+// that fails and may succeed later fails the batch, which is fetched again
+// after the sync's backoff; the joins that succeeded show as joined rooms
+// by then.
+func (a *principalActor) acceptFirst(ctx context.Context, rooms []string) error {
+	for _, room := range rooms {
+		err := a.accept(ctx, room)
+		switch {
+		case err == nil:
+		case refused(err):
+			a.log.Error().Err(err).Str("room_id", room).Msg("The homeserver refused to accept an invite; it is dropped")
+		default:
+			return fmt.Errorf("accept invite to %s: %w", room, err)
+		}
+	}
+	return nil
+}
+
+// joinLoop accepts the invites queueJoins keeps, each as soon as it is
+// due, and retries a failed one with backoff (no sooner than a rate limit
+// asks) until it is accepted, refused, or no longer needed.
+func (a *principalActor) joinLoop(ctx context.Context) error {
+	for ctx.Err() == nil {
+		room, wait := a.nextJoin()
+		if room == "" {
+			a.awaitJoin(ctx, wait)
+			continue
+		}
+		err := a.accept(ctx, room)
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.joinDone(room, err)
+	}
+	return nil
+}
+
+// awaitJoin waits for news of an invite, or wait when it is not 0.
+func (a *principalActor) awaitJoin(ctx context.Context, wait time.Duration) {
+	var due <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		due = t.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-a.joinWake:
+	case <-due:
+	}
+}
+
+// nextJoin returns the oldest invite due, or how long until one is (0
+// when none is kept).
+func (a *principalActor) nextJoin() (room string, wait time.Duration) {
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	now, order := a.deps.Now(), 0
+	for r, p := range a.joins {
+		if d := p.due.Sub(now); d > 0 {
+			if wait == 0 || d < wait {
+				wait = d
+			}
+		} else if order == 0 || p.order < order {
+			room, order = r, p.order
+		}
+	}
+	return room, wait
+}
+
+// joinDone records the outcome of one attempt: an accepted or refused
+// invite is no longer kept, any other failure is due again after a
+// backoff.
+func (a *principalActor) joinDone(room string, err error) {
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	p, ok := a.joins[room]
+	if !ok {
 		return
+	}
+	if err == nil || refused(err) {
+		delete(a.joins, room)
+		if err != nil {
+			a.log.Error().Err(err).Str("room_id", room).Msg("The homeserver refused to accept an invite; it is dropped")
+		}
+		return
+	}
+	p.failures++
+	delay := backoffAfter(p.failures, a.deps.BackoffBase, a.deps.BackoffMax)
+	if he := (*matrix.HTTPError)(nil); errors.As(err, &he) && he.RetryAfter > delay {
+		delay = he.RetryAfter
+	}
+	p.due = a.deps.Now().Add(delay)
+	a.log.Warn().Err(err).Str("room_id", room).Int("failures", p.failures).Dur("retry_in", delay).Msg("Accepting an invite failed; retrying")
+}
+
+// refused reports a join the homeserver refused for good: a 4xx other
+// than a rate limit or a refused token (the sync loop stops on that one).
+func refused(err error) bool {
+	var he *matrix.HTTPError
+	return errors.As(err, &he) && he.Status >= 400 && he.Status < 500 && he.Status != 429 &&
+		!errors.Is(err, matrix.ErrInvalidToken)
+}
+
+// accept joins an invited room. The join's own event arrives by sync later
+// and is recorded then; recording it now as well means what the same
+// sync's next batches bring is already under the new membership.
+func (a *principalActor) accept(ctx context.Context, room string) error {
+	if _, err := a.deps.Transport.Join(ctx, room); err != nil {
+		return err
 	}
 	res, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: room})
 	if err == nil {
 		err = res.Err
 	}
 	if err != nil {
-		a.log.Error().Err(err).Str("room_id", room).Msg("Recording a join failed")
-		return
+		return fmt.Errorf("record join of %s: %w", room, err)
 	}
 	a.log.Info().Str("room_id", room).Msg("Invite accepted")
+	return nil
 }
 
 // leaveRoom is a local leave: the fence first, so nothing of the ending
 // membership is answered or sent afterwards, then the homeserver. The sync
 // echo of the leave later consumes the report the fence owes.
+//
+// A leave the homeserver did not take would leave the agent in the room
+// and fenced for good: silent, every later message context-only. So a
+// failed leave resumes the membership: the owed echo is retired and a
+// join recorded, under the new epoch, so what the fence settled stays
+// settled and the caller may leave again. When the leave took effect after
+// all (an answer lost on the way back), its echo then finds nothing owed
+// and fences.
 func (a *principalActor) leaveRoom(ctx context.Context, room string) error {
 	res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: room, Source: journal.DepartureLocal})
 	if err == nil {
@@ -307,8 +512,31 @@ func (a *principalActor) leaveRoom(ctx context.Context, room string) error {
 		return fmt.Errorf("fence %s: %w", room, err)
 	}
 	if err := a.deps.Transport.Leave(ctx, room); err != nil {
+		if rerr := a.resume(room); rerr != nil {
+			a.log.Error().Err(rerr).Str("room_id", room).Msg("Resuming the membership after a failed leave failed; the room stays fenced")
+		}
 		return fmt.Errorf("leave %s: %w", room, err)
 	}
 	a.log.Info().Str("room_id", room).Msg("Left room")
+	return nil
+}
+
+// resume undoes a local leave the homeserver did not take (leaveRoom).
+func (a *principalActor) resume(room string) error {
+	retired, err := requestFence[*fence.OwedReportsRetired](a, &fence.RetireOwedReports{RoomIDs: []string{room}})
+	if err == nil {
+		err = retired.Err
+	}
+	if err != nil {
+		return fmt.Errorf("retire owed reports: %w", err)
+	}
+	joined, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: room})
+	if err == nil {
+		err = joined.Err
+	}
+	if err != nil {
+		return fmt.Errorf("record join: %w", err)
+	}
+	a.log.Warn().Str("room_id", room).Msg("The homeserver did not take the leave; the membership goes on under a new epoch")
 	return nil
 }
