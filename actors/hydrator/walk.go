@@ -3,6 +3,7 @@ package hydrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/mindroomd/mindroomd/journal"
@@ -67,6 +68,11 @@ type walker struct {
 	cancel context.CancelFunc
 
 	installed, installs int // the installing side's counts
+
+	// held gathers the chunks of a thread walk instead of handing them
+	// over, while holding is set (threadWalk).
+	holding bool
+	held    [][]json.RawMessage
 }
 
 // pipelineDepth is how many fetched chunks may wait for their install.
@@ -127,6 +133,10 @@ func (w *walker) install(ctx context.Context) error {
 // emit hands a chunk to the installing side.
 func (w *walker) emit(ctx context.Context, chunk []json.RawMessage) error {
 	if len(chunk) == 0 {
+		return nil
+	}
+	if w.holding {
+		w.held = append(w.held, chunk)
 		return nil
 	}
 	in := make([]journal.Inbound, len(chunk))
@@ -221,7 +231,74 @@ func (w *walker) roomWalk(ctx context.Context) error {
 // as /messages does; the walk then starts again without a filter and takes
 // the whole tree page by page. A walk that stops early stops right after a
 // logical message with everything newer than it.
+//
+// It stands where the principal's sync stands, as a room walk does: what
+// the sync has yet to bring (a reply, an edit, a reaction), it brings as
+// live work, and installed first as history it would be owed nothing.
+// Relations are not paged by sync tokens, so the walk holds what it
+// fetched, lists the room's events after the sync's token once it has
+// fetched everything (so the list covers whatever was sent meanwhile), and
+// installs what it fetched without them.
 func (w *walker) threadWalk(ctx context.Context, root string) error {
+	w.holding = true
+	err := w.fetchThread(ctx, root)
+	w.holding = false
+	if err != nil {
+		return err
+	}
+	unsynced, err := w.unsynced(ctx)
+	if err != nil {
+		return err
+	}
+	for _, chunk := range w.held {
+		kept := chunk[:0]
+		for _, raw := range chunk {
+			if !unsynced[peek(raw).EventID] {
+				kept = append(kept, raw)
+			}
+		}
+		if err := w.emit(ctx, kept); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ErrSyncBehind fails a thread walk when more events than the ceiling lie
+// after where the principal's sync stands: the walk cannot tell which of
+// them the sync has yet to bring, and the sync catches up soon.
+var ErrSyncBehind = errors.New("the sync is too far behind the room to bound a thread walk")
+
+// unsynced lists the IDs of the room's events after the principal's sync
+// token, forward from it. Before the first sync there are none: that sync
+// is history itself.
+func (w *walker) unsynced(ctx context.Context) (map[string]bool, error) {
+	from, err := w.d.Store.SyncToken(ctx)
+	if err != nil || from == "" {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	for {
+		w.walk.Requests++
+		page, err := w.d.Transport.Messages(ctx, w.room, from, matrix.Forward, w.d.PageSize)
+		if err != nil {
+			return nil, err
+		}
+		for _, raw := range page.Chunk {
+			ids[peek(raw).EventID] = true
+		}
+		if len(page.Chunk) == 0 || page.End == "" || page.End == from {
+			return ids, nil
+		}
+		if len(ids) > w.d.Ceiling {
+			return nil, fmt.Errorf("%w: more than %d events", ErrSyncBehind, w.d.Ceiling)
+		}
+		from = page.End
+	}
+}
+
+// fetchThread fetches a thread walk's events (threadWalk).
+func (w *walker) fetchThread(ctx context.Context, root string) error {
 	raw, err := w.event(ctx, root)
 	if err != nil {
 		return err
