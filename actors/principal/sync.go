@@ -500,9 +500,10 @@ func (a *principalActor) accept(ctx context.Context, room string) error {
 // and fenced for good: silent, every later message context-only. So a
 // failed leave resumes the membership: the owed echo is retired and a
 // join recorded, under the new epoch, so what the fence settled stays
-// settled and the caller may leave again. When the leave took effect after
-// all (an answer lost on the way back), its echo then finds nothing owed
-// and fences.
+// settled and the caller may leave again. When the leave took effect
+// after all (an answer lost on the way back), its echo then finds nothing
+// owed and fences. A leave of a room the journal had the agent out of
+// already resumes nothing.
 func (a *principalActor) leaveRoom(ctx context.Context, room string) error {
 	res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: room, Source: journal.DepartureLocal})
 	if err == nil {
@@ -512,6 +513,10 @@ func (a *principalActor) leaveRoom(ctx context.Context, room string) error {
 		return fmt.Errorf("fence %s: %w", room, err)
 	}
 	if err := a.deps.Transport.Leave(ctx, room); err != nil {
+		if res.Outcome != journal.Fenced {
+			// The agent was out already; there is nothing to resume.
+			return fmt.Errorf("leave %s: %w", room, err)
+		}
 		if rerr := a.resume(room); rerr != nil {
 			a.log.Error().Err(rerr).Str("room_id", room).Msg("Resuming the membership after a failed leave failed; the room stays fenced")
 		}
