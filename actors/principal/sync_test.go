@@ -148,9 +148,9 @@ func TestAnInviteWhoseJoinKeptFailingIsAcceptedAfterARestart(t *testing.T) {
 	f.awaitReplyIn(room, "after the restart")
 }
 
-// awaitSettled waits until the journal holds no pending work and no reply
+// awaitSettledUnanswered waits until the journal holds no pending work and no reply
 // to eventID: the event was settled without an answer.
-func (f *fixture) awaitSettled(eventID string) {
+func (f *fixture) awaitSettledUnanswered(eventID string) {
 	f.t.Helper()
 	sub := f.store.Hints().Subscribe(f.view.Principal().String())
 	defer sub.Close()
@@ -213,7 +213,7 @@ func TestAKickWhileTheDaemonWasDownFencesTheOldMembershipBeforeTheRejoin(t *test
 	f.setFail("before the kick", false)
 	f.alice.SendText(f.room, "after the rejoin")
 	f.awaitReply("after the rejoin")
-	f.awaitSettled(old)
+	f.awaitSettledUnanswered(old)
 	got := f.replies()
 	if got["echo: before the kick"] != 0 || got["echo: after the rejoin"] != 1 || got["echo: answered"] != 1 || len(got) != 2 {
 		t.Fatalf("answers = %v, want only the rejoined membership's message and the one answered before", got)
@@ -268,7 +268,7 @@ func TestAKickOrABanFencesTheMembershipAsTheAgentsOwnLeaveDoes(t *testing.T) {
 			if err := c.remove(f.alice.Client, f.room, f.bot.UserID); err != nil {
 				t.Fatal(err)
 			}
-			f.awaitSettled(pending) // the sync showed the removal: nothing of the membership is owed
+			f.awaitSettledUnanswered(pending) // the sync showed the removal: nothing of the membership is owed
 			f.setFail("pending", false)
 			away := f.alice.SendText(f.room, "while out")
 			if c.let != nil {
@@ -280,7 +280,7 @@ func TestAKickOrABanFencesTheMembershipAsTheAgentsOwnLeaveDoes(t *testing.T) {
 			f.awaitJoinedAgain()
 			f.alice.SendText(f.room, "after the rejoin")
 			f.awaitReply("after the rejoin")
-			f.awaitSettled(pending)
+			f.awaitSettledUnanswered(pending)
 			f.noReply(away)
 			if got := f.replies(); got["echo: after the rejoin"] != 1 || got["echo: answered"] != 1 || len(got) != 2 {
 				t.Fatalf("answers = %v, want only what came before the removal and after the rejoin", got)
