@@ -17,7 +17,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mindroomd/mindroomd/actors"
-	"github.com/mindroomd/mindroomd/actors/fence"
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
@@ -28,9 +27,6 @@ const (
 	DefaultSyncTimeout = 30 * time.Second
 	DefaultBackoffBase = time.Second
 	DefaultBackoffMax  = 5 * time.Minute
-	// fenceTimeout bounds a wait for the fence actor; its work is one
-	// journal transaction.
-	fenceTimeout = time.Minute
 )
 
 // Deps are the actor's collaborators.
@@ -111,9 +107,12 @@ type principalActor struct {
 	deps   Deps
 	log    zerolog.Logger
 	root   *actor.RootContext
-	fence  *actor.PID
-	outbox *actor.PID
-	cancel context.CancelFunc
+	// members applies the principal's departures and joins in order.
+	members *membership
+	outbox  *actor.PID
+	// loopCtx is the loops' context, cancelled when the actor stops.
+	loopCtx context.Context
+	cancel  context.CancelFunc
 	loops  sync.WaitGroup
 
 	// joins are the invites not accepted yet, by room (sync.go); joinWake
@@ -142,11 +141,9 @@ func (a *principalActor) Receive(ctx actor.Context) {
 			a.cancel()
 		}
 		a.loops.Wait()
-		// The loops used the fence; the outbox sends on its own.
-		for _, pid := range []*actor.PID{a.outbox, a.fence} {
-			if pid != nil {
-				_ = a.root.StopFuture(pid).Wait()
-			}
+		// The outbox sends on its own, and stops after the loops.
+		if a.outbox != nil {
+			_ = a.root.StopFuture(a.outbox).Wait()
 		}
 	}
 }
@@ -155,17 +152,17 @@ func (a *principalActor) start(ctx actor.Context) {
 	p := a.deps.Store.Principal()
 	a.log = a.deps.Log.With().Str("principal", p.String()).Logger()
 	a.root = ctx.ActorSystem().Root
-	// The fence and the outbox are actors with supervision of their own
-	// (they stop on failure), so they are spawned beside this one and
-	// stopped with it, not as children.
-	a.fence = a.root.Spawn(fence.Props(fence.Deps{Membership: a.deps.Store, Log: a.log.With().Str("actor", "fence").Logger()}))
+	a.members = &membership{store: a.deps.Store, log: a.log}
+	// The outbox is an actor with supervision of its own (it stops on
+	// failure), so it is spawned beside this one and stopped with it, not
+	// as a child.
 	a.outbox = a.root.Spawn(outbox.Props(outbox.Deps{
 		Outbox: a.deps.Store, Sender: a.deps.Sender, Reconciler: a.deps.Reconciler, DeviceID: a.deps.DeviceID,
 		Hints: a.deps.Hints.Subscribe(p.String()), Now: a.deps.Now, Log: a.log.With().Str("actor", "outbox").Logger(),
 		Observe: a.observeDelivery,
 	}))
-	var loopCtx context.Context
-	loopCtx, a.cancel = context.WithCancel(context.Background())
+	loopCtx, cancel := context.WithCancel(context.Background())
+	a.loopCtx, a.cancel = loopCtx, cancel
 	self := ctx.Self()
 	run := func(name string, loop func(context.Context) error) {
 		a.loops.Add(1)
@@ -177,6 +174,7 @@ func (a *principalActor) start(ctx actor.Context) {
 		}()
 	}
 	a.joins, a.joinWake = map[string]*pendingJoin{}, make(chan struct{}, 1)
+	run("owed", func(ctx context.Context) error { a.members.sayOwed(ctx); return nil })
 	run("sync", a.syncLoop)
 	if a.deps.AutoJoin {
 		run("join", a.joinLoop)
@@ -200,21 +198,11 @@ func (a *principalActor) leave(ctx actor.Context, m *Leave) {
 	a.loops.Add(1)
 	go func() {
 		defer a.loops.Done()
-		err := a.leaveRoom(context.Background(), m.RoomID)
+		err := a.leaveRoom(a.loopCtx, m.RoomID)
 		if sender != nil {
 			a.root.Send(sender, &Left{Err: err})
 		}
 	}()
-}
-
-// requestFence asks the fence actor and waits for its answer.
-func requestFence[T any](a *principalActor, msg any) (T, error) {
-	var zero T
-	res, err := a.root.RequestFuture(a.fence, msg, fenceTimeout).Result()
-	if err != nil {
-		return zero, err
-	}
-	return res.(T), nil
 }
 
 // sleep waits d or until ctx ends, reporting whether the wait completed.

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/mindroomd/mindroomd/actors/fence"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 )
@@ -182,10 +181,7 @@ func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTim
 			if ev.Membership == "invite" {
 				continue
 			}
-			res, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: r.RoomID, ObservationID: ev.ID})
-			if err == nil {
-				err = res.Err
-			}
+			err := a.members.locked(func() error { return a.members.join(ctx, r.RoomID, ev.ID) })
 			if err != nil {
 				return -1, fmt.Errorf("record join of %s: %w", r.RoomID, err)
 			}
@@ -194,14 +190,15 @@ func (a *principalActor) observeMembership(ctx context.Context, r matrix.RoomTim
 			if ev.Sender != self {
 				source = journal.DepartureRemoved
 			}
-			res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: r.RoomID, Source: source, ObservationID: ev.ID})
-			if err == nil {
-				err = res.Err
-			}
+			var outcome journal.DepartureOutcome
+			err := a.members.locked(func() (err error) {
+				outcome, err = a.members.fence(ctx, r.RoomID, source, ev.ID)
+				return err
+			})
 			if err != nil {
 				return -1, fmt.Errorf("fence %s: %w", r.RoomID, err)
 			}
-			a.log.Info().Str("room_id", r.RoomID).Stringer("outcome", res.Outcome).Msg("Departure reported by sync")
+			a.log.Info().Str("room_id", r.RoomID).Stringer("outcome", outcome).Msg("Departure reported by sync")
 		}
 	}
 	return beganAt, nil
@@ -310,15 +307,15 @@ func (a *principalActor) fenceInvited(ctx context.Context, room string) error {
 	if departed {
 		return nil
 	}
-	res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: room, Source: journal.DepartureRemoved,
-		ObservationID: "invite@" + strconv.FormatInt(epoch, 10)})
-	if err == nil {
-		err = res.Err
-	}
+	var outcome journal.DepartureOutcome
+	err = a.members.locked(func() (err error) {
+		outcome, err = a.members.fence(ctx, room, journal.DepartureRemoved, "invite@"+strconv.FormatInt(epoch, 10))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("fence %s before its invite: %w", room, err)
 	}
-	a.log.Info().Str("room_id", room).Int64("epoch", epoch).Stringer("outcome", res.Outcome).Msg("Invited to a room the journal had the agent in; the old membership is fenced")
+	a.log.Info().Str("room_id", room).Int64("epoch", epoch).Stringer("outcome", outcome).Msg("Invited to a room the journal had the agent in; the old membership is fenced")
 	return nil
 }
 
@@ -481,11 +478,7 @@ func (a *principalActor) accept(ctx context.Context, room string) error {
 	if _, err := a.deps.Transport.Join(ctx, room); err != nil {
 		return err
 	}
-	res, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: room})
-	if err == nil {
-		err = res.Err
-	}
-	if err != nil {
+	if err := a.members.locked(func() error { return a.members.join(ctx, room, "") }); err != nil {
 		return fmt.Errorf("record join of %s: %w", room, err)
 	}
 	a.log.Info().Str("room_id", room).Msg("Invite accepted")
@@ -505,41 +498,37 @@ func (a *principalActor) accept(ctx context.Context, room string) error {
 // owed and fences. A leave of a room the journal had the agent out of
 // already resumes nothing.
 func (a *principalActor) leaveRoom(ctx context.Context, room string) error {
-	res, err := requestFence[*fence.DepartureFenced](a, &fence.FenceDeparture{RoomID: room, Source: journal.DepartureLocal})
-	if err == nil {
-		err = res.Err
-	}
-	if err != nil {
-		return fmt.Errorf("fence %s: %w", room, err)
-	}
-	if err := a.deps.Transport.Leave(ctx, room); err != nil {
-		if res.Outcome != journal.Fenced {
-			// The agent was out already; there is nothing to resume.
+	// The membership stays locked to the end, so the sync's echo of this
+	// leave is applied after whatever the leave did, never in between.
+	return a.members.locked(func() error {
+		outcome, err := a.members.fence(ctx, room, journal.DepartureLocal, "")
+		if err != nil {
+			return fmt.Errorf("fence %s: %w", room, err)
+		}
+		if err := a.deps.Transport.Leave(ctx, room); err != nil {
+			if outcome != journal.Fenced {
+				// The agent was out already; there is nothing to resume.
+				return fmt.Errorf("leave %s: %w", room, err)
+			}
+			if rerr := a.resume(ctx, room); rerr != nil {
+				a.log.Error().Err(rerr).Str("room_id", room).Msg("Resuming the membership after a failed leave failed; the room stays fenced")
+			}
 			return fmt.Errorf("leave %s: %w", room, err)
 		}
-		if rerr := a.resume(room); rerr != nil {
-			a.log.Error().Err(rerr).Str("room_id", room).Msg("Resuming the membership after a failed leave failed; the room stays fenced")
-		}
-		return fmt.Errorf("leave %s: %w", room, err)
-	}
-	a.log.Info().Str("room_id", room).Msg("Left room")
-	return nil
+		a.log.Info().Str("room_id", room).Msg("Left room")
+		return nil
+	})
 }
 
 // resume undoes a local leave the homeserver did not take (leaveRoom).
-func (a *principalActor) resume(room string) error {
-	retired, err := requestFence[*fence.OwedReportsRetired](a, &fence.RetireOwedReports{RoomIDs: []string{room}})
-	if err == nil {
-		err = retired.Err
-	}
-	if err != nil {
+// The leave's failure may come from its context, so resuming does not
+// wait on it.
+func (a *principalActor) resume(ctx context.Context, room string) error {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := a.members.retireOwed(ctx, room); err != nil {
 		return fmt.Errorf("retire owed reports: %w", err)
 	}
-	joined, err := requestFence[*fence.JoinRecorded](a, &fence.RecordJoin{RoomID: room})
-	if err == nil {
-		err = joined.Err
-	}
-	if err != nil {
+	if err := a.members.join(ctx, room, ""); err != nil {
 		return fmt.Errorf("record join: %w", err)
 	}
 	a.log.Warn().Str("room_id", room).Msg("The homeserver did not take the leave; the membership goes on under a new epoch")
