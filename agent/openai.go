@@ -266,8 +266,10 @@ func (o *OpenAI) answer(ctx context.Context, params openai.ChatCompletionNewPara
 
 // streamAnswer asks for the answer token by token and shows it through
 // progress, at most once every ProgressInterval. The answer is complete
-// only once the model gave a finish reason: a stream that merely ends (the
-// server's connection closed cleanly mid-answer) is ErrOpenAIIncomplete.
+// once the model gave a finish reason, whatever befalls the connection
+// after it (a [DONE] lost, a proxy's reset): asking again would pay for the
+// same answer twice. A stream that ends before it (the server's connection
+// closed cleanly mid-answer) is ErrOpenAIIncomplete.
 func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionNewParams,
 	progress func(context.Context, string)) (text, finish string, edits int, err error) {
 	stream := o.completions.NewStreaming(ctx, params)
@@ -303,6 +305,11 @@ func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionN
 	if errors.As(err, &inStream) {
 		// The server's own words, which may echo anything it was sent.
 		err = errors.New(o.scrub(inStream.Message))
+	}
+	if err != nil && finish != "" {
+		o.log.Warn().Err(err).Int("chunks", chunks).Str("finish_reason", finish).
+			Msg("The stream broke after the model finished its answer; the answer is kept")
+		return b.String(), finish, edits, nil
 	}
 	switch {
 	case err != nil && chunks > 0:

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -319,6 +321,41 @@ func TestOpenAIFailsTheTurnOnARefusalOrACutStreamAndAsksOnce(t *testing.T) {
 				t.Fatalf("the model was asked %d times, want once: retrying is the principal's", n)
 			}
 		})
+	}
+}
+
+func TestAStreamCutAfterTheModelFinishedKeepsTheAnswerAndAsksOnce(t *testing.T) {
+	var asked atomic.Int32
+	// The model's last chunk carries its finish reason; then the connection
+	// is torn down before [DONE], as a proxy that resets it does.
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, chunk := range []string{
+			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"The whole "},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"answer."},"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+		} {
+			fmt.Fprintf(w, "data: %s\n\n", chunk)
+		}
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(model.Close)
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	a, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: model.URL + "/v1", Model: "m", Stream: true, UserID: bot, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := a.Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatalf("err = %v, want the finished answer", err)
+	}
+	if _, body, status := replyBody(t, reply); body != "The whole answer." || status != agent.StreamCompleted {
+		t.Fatalf("reply = %s, want the whole answer marked %s", reply.Content, agent.StreamCompleted)
+	}
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("the model was asked %d times, want once", n)
 	}
 }
 
