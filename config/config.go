@@ -359,6 +359,11 @@ func (c *Config) validate() error {
 		if !loopback && a.APITokenFile == "" {
 			return fieldErr(field+".api_token_file", "required when listen %q is not a loopback address", c.Listen)
 		}
+		// The agent API is the only way to an http agent's work, and
+		// without a token it refuses every request.
+		if a.Backend.Type == BackendHTTP && a.APITokenFile == "" {
+			return fieldErr(field+".api_token_file", "required for backend type %q", BackendHTTP)
+		}
 		if err := a.Backend.validate(field + ".backend"); err != nil {
 			return err
 		}

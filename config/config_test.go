@@ -241,6 +241,7 @@ agents:
   - name: hooked
     user_id: "@hooked:localhost"
     password_file: secrets/password
+    api_token_file: secrets/api-token
     backend: {type: http}
 `, dir, noEnv)
 	if got, want := cfg.Agents[0].Backend.Exec.Timeout, 150*time.Second; got != want {
@@ -310,9 +311,10 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"BackendTypeUnknown", head + pw + "    backend: {type: gpt}\n", "agents[0].backend.type", `"gpt" is not one of`},
 		{"ExecNoCommand", head + pw + "    backend: {type: exec}\n", "agents[0].backend.command", "required"},
 		{"ExecEmptyProgram", head + pw + "    backend: {type: exec, command: [\"\"]}\n", "agents[0].backend.command", "required"},
+		{"HTTPWithoutAPIToken", head + pw + "    backend: {type: http}\n", "agents[0].api_token_file", `required for backend type "http"`},
 		{"ExecNegativeTimeout", head + pw + "    backend: {type: exec, command: [x], timeout: -1s}\n", "agents[0].backend.timeout", "-1s is not a positive duration"},
 		{"CommandOnEcho", head + pw + "    backend: {type: echo, command: [x]}\n", "agents[0].backend.command", `only for type "exec"`},
-		{"TimeoutOnHTTP", head + pw + "    backend: {type: http, timeout: 5s}\n", "agents[0].backend.timeout", `only for type "exec"`},
+		{"TimeoutOnHTTP", head + pw + "    api_token_file: secrets/api-token\n    backend: {type: http, timeout: 5s}\n", "agents[0].backend.timeout", `only for type "exec"`},
 		{"ModelOnExec", head + pw + "    backend: {type: exec, command: [x], model: m}\n", "agents[0].backend.model", `only for type "openai"`},
 		{"StreamOnEcho", head + pw + "    backend: {type: echo, stream: true}\n", "agents[0].backend.stream", `only for type "openai"`},
 		{"OpenAINoBaseURL", head + pw + "    backend: {type: openai, model: m}\n", "agents[0].backend.base_url", "required"},

@@ -115,6 +115,7 @@ func FuzzConfig(f *testing.F) {
 		hs + agent + "    backend: {type: exec, command: [x], timeout: -1s}\n",
 		hs + agent + "    backend: {type: exec, command: [\"\"]}\n",
 		hs + agent + "    backend: {type: echo, command: [x]}\n",
+		hs + agent + "    backend: {type: http}\n",
 		hs + agent + "    backend: {type: http, stream: true}\n",
 		hs + agent + "    backend: {type: openai, base_url: api.example.org, model: m}\n",
 		hs + agent + "    backend: {type: openai, base_url: \"http://h/v1\", model: m, context_messages: 5000}\n",
@@ -275,7 +276,11 @@ func checkValidConfig(t *testing.T, cfg *config.Config, envStorage string) {
 		}
 		b := a.Backend
 		switch b.Type {
-		case config.BackendEcho, config.BackendHTTP:
+		case config.BackendEcho:
+		case config.BackendHTTP:
+			if !a.APIToken.IsSet() {
+				t.Fatalf("%s: an http backend without an API token accepted", where)
+			}
 		case config.BackendExec:
 			if len(b.Exec.Command) == 0 || b.Exec.Command[0] == "" || b.Exec.Timeout <= 0 {
 				t.Fatalf("%s: exec backend %+v accepted", where, b.Exec)
