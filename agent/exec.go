@@ -6,7 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
+	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,10 +35,19 @@ const (
 	// for a traceback's last lines, short enough for one log line.
 	execStderrTail = 2 << 10
 	// execWaitDelay bounds the wait for stdout and stderr to close once the
-	// process has exited or been killed, should a descendant that left the
-	// process group still hold them open.
+	// command has exited and its process group was killed, should a
+	// descendant that left the group still hold them open.
 	execWaitDelay = 2 * time.Second
+	// execLocalePrefix starts the names of the locale's variables (LC_ALL,
+	// LC_CTYPE, ...), which every command gets.
+	execLocalePrefix = "LC_"
 )
+
+// execEnv names the variables of the daemon's environment every command
+// gets: what a program needs to find its tools, its home, its locale and
+// its time zone. Anything else, the daemon's own secrets among it
+// (MINDROOM_DATABASE_URL), reaches a command only when Exec.Env names it.
+var execEnv = []string{"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR"}
 
 var (
 	// ErrExecTimeout reports an exec agent killed for running past its
@@ -49,12 +63,17 @@ var (
 // reply) is an error, so the event stays pending and is offered again after
 // a backoff.
 //
-// The command is not run through a shell and inherits the daemon's
-// environment, so an agent finds its own API keys and PATH the way the
-// daemon was started with them.
+// The command is not run through a shell. Its environment is the
+// daemon's cut down to PATH, HOME, USER, LANG, LC_*, TZ and TMPDIR, and the
+// variables Env names: one agent's command never sees what the daemon or
+// another agent was given. When the command exits, whatever it left running
+// in its process group is killed.
 type Exec struct {
 	// Command is the program and its arguments.
 	Command []string
+	// Env names further variables of the daemon's environment the command
+	// gets, such as its own API key.
+	Env []string
 	// Timeout bounds one run; zero means DefaultExecTimeout. When it passes
 	// the command's whole process group is killed.
 	Timeout time.Duration
@@ -167,20 +186,32 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (principal.Re
 	defer cancel()
 
 	cmd := exec.CommandContext(runCtx, e.Command[0], e.Command[1:]...)
-	// Its own process group, so a timeout also kills what the command
-	// started (a shell's children, an interpreter's workers) rather than
-	// leave them holding stdout and running on.
+	cmd.Env = e.environ()
+	// Its own process group, so a timeout, or the command's exit, also
+	// kills what the command started (a shell's children, an interpreter's
+	// workers) rather than leave them holding stdout and running on.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = execWaitDelay
 	stdout := &cappedBuffer{max: MaxExecOutput}
 	stderr := &tailBuffer{max: execStderrTail}
-	cmd.Stdin = bytes.NewReader(req)
-	cmd.Stdout = stdout
-	cmd.Stderr = stderr
+	pipes, err := newExecIO(cmd)
+	if err != nil {
+		return principal.Reply{}, err
+	}
 
 	start := time.Now()
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		pipes.abandon()
+		return principal.Reply{}, err
+	}
+	pipes.serve(req, stdout, stderr)
+	err = cmd.Wait()
+	// The command is done, and its answer with it: a child it left in the
+	// background would hold stdout open and run on, unwatched. The group's
+	// ID stays taken while any member of it lives, so the kill reaches the
+	// command's leftovers and nothing else.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	held := !pipes.drain(execWaitDelay)
 	took := time.Since(start)
 	switch {
 	case runCtx.Err() != nil && ctx.Err() == nil:
@@ -196,9 +227,107 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (principal.Re
 	if err != nil {
 		return principal.Reply{}, withStderr(err, stderr)
 	}
+	if held {
+		e.Log.Warn().Str("event_id", eventID).Dur("waited", execWaitDelay).
+			Msg("A process the exec agent started outside its process group still holds its output; the reply is taken as it was")
+	}
 	e.Log.Debug().Str("event_id", eventID).Dur("took", took).Bool("ignore", reply.Ignore).
 		Str("stderr", stderr.String()).Msg("Exec agent answered")
 	return reply, nil
+}
+
+// environ is the command's environment: the daemon's variables that
+// execEnv, the locale's prefix or Env name. It is never nil, which would
+// hand the command the daemon's whole environment.
+func (e Exec) environ() []string {
+	env := []string{}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(execEnv, name) || strings.HasPrefix(name, execLocalePrefix) || slices.Contains(e.Env, name) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// execIO is a command's stdin, stdout and stderr as pipes of the daemon's
+// own. Left to os/exec, Wait would also wait for every process holding
+// the command's stdout, a child it left in the background among them; with
+// the pipes here, Wait returns when the command exits, its group is killed,
+// and then what it wrote is read to the end.
+type execIO struct {
+	// child are the ends the command gets, closed in the daemon once it
+	// started; parent are the daemon's: stdin's writer, stdout's and
+	// stderr's readers.
+	child, parent [3]*os.File
+	done          chan struct{}
+}
+
+// newExecIO makes the three pipes and hands cmd its ends.
+func newExecIO(cmd *exec.Cmd) (*execIO, error) {
+	p := &execIO{done: make(chan struct{})}
+	for i := range 3 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			p.abandon()
+			return nil, fmt.Errorf("pipe: %w", err)
+		}
+		if i == 0 {
+			p.child[i], p.parent[i] = r, w
+		} else {
+			p.child[i], p.parent[i] = w, r
+		}
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.child[0], p.child[1], p.child[2]
+	return p, nil
+}
+
+// abandon closes every pipe of a command that never started.
+func (p *execIO) abandon() {
+	for _, f := range append(p.child[:], p.parent[:]...) {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+// serve closes the daemon's copies of the command's ends, then writes req
+// to its stdin and reads its stdout and stderr into out and errOut.
+func (p *execIO) serve(req []byte, out, errOut io.Writer) {
+	for _, f := range p.child {
+		_ = f.Close()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// A command may answer without reading its request: the write then
+		// fails, and that is the command's business.
+		_, _ = p.parent[0].Write(req)
+		_ = p.parent[0].Close()
+	})
+	wg.Go(func() { _, _ = io.Copy(out, p.parent[1]) })
+	wg.Go(func() { _, _ = io.Copy(errOut, p.parent[2]) })
+	go func() {
+		wg.Wait()
+		close(p.done)
+	}()
+}
+
+// drain waits up to delay for stdout and stderr to end, then closes the
+// daemon's ends. It reports whether they ended by themselves; either way
+// the buffers are complete when it returns.
+func (p *execIO) drain(delay time.Duration) (ended bool) {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		ended = true
+	case <-t.C:
+	}
+	for _, f := range p.parent {
+		_ = f.Close()
+	}
+	<-p.done
+	return ended
 }
 
 // jsonSpace is the whitespace JSON allows around a value.

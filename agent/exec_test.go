@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,18 +19,22 @@ import (
 
 	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
+	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
 // agentMode makes the test binary act as an exec agent: the tests run it
 // as their command, so they need no interpreter on the machine. The mode
-// travels in the environment, which also proves the command inherits it.
+// travels in the environment, which also proves the command gets the
+// variables its Env names.
 const (
 	agentMode = "MINDROOMD_EXEC_AGENT_MODE"
 	// agentPIDs names the file the sleeping agent writes its own and its
 	// child's process IDs to.
 	agentPIDs = "MINDROOMD_EXEC_AGENT_PIDS"
+	// agentReply holds the reply the raw agent prints.
+	agentReply = "MINDROOMD_EXEC_AGENT_REPLY"
 )
 
 func TestMain(m *testing.M) {
@@ -57,7 +62,10 @@ func actAsAgent(mode string) int {
 		fmt.Fprint(os.Stderr, strings.Repeat("x", 10000)+"\nTraceback: the model is unreachable\n")
 		return 3
 	case "raw": // the reply the test put in the environment, verbatim
-		fmt.Print(os.Getenv("MINDROOMD_EXEC_AGENT_REPLY"))
+		fmt.Print(os.Getenv(agentReply))
+	case "env": // its whole environment, as the body
+		b, _ := json.Marshal(map[string]string{"body": strings.Join(os.Environ(), "\n")})
+		os.Stdout.Write(b)
 	case "big":
 		fmt.Print(`{"body":"` + strings.Repeat("a", agent.MaxExecOutput) + `"}`)
 	case "sleep": // a child in the same group, both sleeping far past the timeout
@@ -122,7 +130,8 @@ func execAgent(t *testing.T, mode string) agent.Exec {
 	t.Setenv(agentMode, mode)
 	// A race-enabled binary otherwise lingers a second at exit.
 	t.Setenv("GORACE", "atexit_sleep_ms=0")
-	return agent.Exec{Command: []string{os.Args[0]}, Timeout: time.Minute, Log: zerolog.Nop()}
+	return agent.Exec{Command: []string{os.Args[0]}, Env: []string{agentMode, agentPIDs, agentReply, "GORACE"},
+		Timeout: time.Minute, Log: zerolog.Nop()}
 }
 
 func TestExecSendsTheEventAndTheLastMessagesOfItsThread(t *testing.T) {
@@ -303,7 +312,7 @@ func TestExecRefusesOutputThatIsNotOneReply(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
-			t.Setenv("MINDROOMD_EXEC_AGENT_REPLY", c.out)
+			t.Setenv(agentReply, c.out)
 			_, err := execAgent(t, "raw").Answer(context.Background(), turn)
 			if !errors.Is(err, agent.ErrExecReply) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want an invalid reply: %s", err, c.want)
@@ -314,7 +323,7 @@ func TestExecRefusesOutputThatIsNotOneReply(t *testing.T) {
 
 func TestExecAcceptsAReplyFollowedByANewline(t *testing.T) {
 	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
-	t.Setenv("MINDROOMD_EXEC_AGENT_REPLY", "{\"body\": \"hello\"}\n")
+	t.Setenv(agentReply, "{\"body\": \"hello\"}\n")
 	reply, err := execAgent(t, "raw").Answer(context.Background(), turn)
 	if err != nil || string(reply.Content) != `{"body":"hello","msgtype":"m.text"}` {
 		t.Fatalf("reply = %s, %v", reply.Content, err)
@@ -335,4 +344,73 @@ func TestExecFailsWhenTheCommandCannotStart(t *testing.T) {
 	if _, err := a.Answer(context.Background(), turn); err == nil || !strings.HasPrefix(err.Error(), "exec agent: ") {
 		t.Fatalf("err = %v, want the start refused", err)
 	}
+}
+
+func TestAnExecCommandGetsNoneOfTheDaemonsEnvironmentButTheAllowedAndWhatItsEnvNames(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	t.Setenv(config.EnvDatabaseURL, "postgres://mindroom:db-pw-never-shown@db.internal/journal")
+	t.Setenv("MINDROOM_HOMESERVER", "http://127.0.0.1:8008")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "another-agents-secret")
+	t.Setenv("THE_AGENTS_OWN_KEY", "sk-named-for-this-agent")
+	t.Setenv("LC_TIME", "C.UTF-8")
+	t.Setenv("TZ", "UTC")
+	a := execAgent(t, "env")
+	a.Env = append(a.Env, "THE_AGENTS_OWN_KEY")
+	reply, err := a.Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var content struct{ Body string }
+	if err := json.Unmarshal(reply.Content, &content); err != nil {
+		t.Fatal(err)
+	}
+	allowed := append([]string{"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR"}, a.Env...)
+	got := make(map[string]string)
+	for _, kv := range strings.Split(content.Body, "\n") {
+		name, value, _ := strings.Cut(kv, "=")
+		got[name] = value
+		if strings.HasPrefix(name, "MINDROOM_") || (!slices.Contains(allowed, name) && !strings.HasPrefix(name, "LC_")) {
+			t.Errorf("the command sees %s", kv)
+		}
+	}
+	for name, want := range map[string]string{"THE_AGENTS_OWN_KEY": "sk-named-for-this-agent", "LC_TIME": "C.UTF-8",
+		"TZ": "UTC", "PATH": os.Getenv("PATH"), agentMode: "env"} {
+		if got[name] != want {
+			t.Errorf("the command sees %s=%q, want %q", name, got[name], want)
+		}
+	}
+}
+
+func TestAnExecReplyIsTakenWhenTheCommandExitsLeavingAChildHoldingStdout(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	dir := t.TempDir()
+	script, pidFile := filepath.Join(dir, "agent.sh"), filepath.Join(dir, "child.pid")
+	if err := os.WriteFile(script, []byte(`cat >/dev/null
+printf '{"body":"answered"}\n'
+sleep 30 &
+echo $! >"$1"
+exit 0
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := agent.Exec{Command: []string{"/bin/sh", script, pidFile}, Timeout: time.Minute, Log: zerolog.Nop()}
+	start := time.Now()
+	reply, err := a.Answer(context.Background(), turn)
+	took := time.Since(start)
+	if err != nil || string(reply.Content) != `{"body":"answered","msgtype":"m.text"}` {
+		t.Fatalf("reply = %s, %v; want the reply the command printed before it exited", reply.Content, err)
+	}
+	// Waiting on the child would have taken its 30 seconds.
+	if took > 10*time.Second {
+		t.Fatalf("Answer took %s", took)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
 }

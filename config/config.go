@@ -41,6 +41,10 @@ const (
 	MaxContextMessages = 1000
 )
 
+// envPrefix starts the names of the daemon's own variables, which no
+// back-end's env may name.
+const envPrefix = "MINDROOM_"
+
 // The environment variables that override the file, one per field.
 const (
 	EnvHomeserver = "MINDROOM_HOMESERVER"
@@ -213,6 +217,10 @@ type Exec struct {
 	// Timeout bounds one turn, as a Go duration ("30s"). Absent or zero
 	// means 30s.
 	Timeout time.Duration `yaml:"timeout"`
+	// Env names the variables of the daemon's environment the command
+	// gets beyond the few every command gets; none of the daemon's own
+	// (MINDROOM_*).
+	Env []string `yaml:"env"`
 }
 
 // OpenAI configures an openai backend.
@@ -378,6 +386,8 @@ func (b *Backend) validate(field string) error {
 			return fieldErr(field+".command", "only for type %q", BackendExec)
 		case b.Exec.Timeout != 0:
 			return fieldErr(field+".timeout", "only for type %q", BackendExec)
+		case b.Exec.Env != nil:
+			return fieldErr(field+".env", "only for type %q", BackendExec)
 		}
 	}
 	if b.Type != BackendOpenAI && b.OpenAI != (OpenAI{}) {
@@ -394,6 +404,11 @@ func (b *Backend) validate(field string) error {
 		}
 		if b.Exec.Timeout == 0 {
 			b.Exec.Timeout = DefaultExecTimeout
+		}
+		for i, name := range b.Exec.Env {
+			if err := checkEnvName(name); err != nil {
+				return &Error{Field: fmt.Sprintf("%s.env[%d]", field, i), Err: err}
+			}
 		}
 	case BackendOpenAI:
 		if err := checkHTTPURL(b.OpenAI.BaseURL); err != nil {
@@ -431,6 +446,24 @@ func firstOpenAIKey(o OpenAI) string {
 	default:
 		return "stream"
 	}
+}
+
+// checkEnvName accepts the name of an environment variable, letters,
+// digits and underscores not starting with a digit, that is not one of the
+// daemon's own: those hold its secrets, which no command may see.
+func checkEnvName(name string) error {
+	if name == "" {
+		return errors.New("empty variable name")
+	}
+	for i, r := range name {
+		if r != '_' && (r < 'A' || r > 'Z') && (r < 'a' || r > 'z') && (i == 0 || r < '0' || r > '9') {
+			return fmt.Errorf("%q is not a variable name", name)
+		}
+	}
+	if strings.HasPrefix(name, envPrefix) {
+		return fmt.Errorf("%s is the daemon's own, never a command's", name)
+	}
+	return nil
 }
 
 // checkHTTPURL refuses a value that is not an http(s) URL. A URL may carry

@@ -224,7 +224,7 @@ agents:
   - name: slow
     user_id: "@slow:localhost"
     password_file: secrets/password
-    backend: {type: exec, command: [./bot, --flag], timeout: 2m30s}
+    backend: {type: exec, command: [./bot, --flag], timeout: 2m30s, env: [BOT_API_KEY, LC_ALL]}
   - name: quick
     user_id: "@quick:localhost"
     password_file: secrets/password
@@ -249,6 +249,9 @@ agents:
 	}
 	if got, want := strings.Join(cfg.Agents[0].Backend.Exec.Command, " "), "./bot --flag"; got != want {
 		t.Errorf("agents[0] command=%q, want %q", got, want)
+	}
+	if got, want := strings.Join(cfg.Agents[0].Backend.Exec.Env, " "), "BOT_API_KEY LC_ALL"; got != want {
+		t.Errorf("agents[0] env=%q, want %q", got, want)
 	}
 	if got, want := cfg.Agents[1].Backend.Exec.Timeout, config.DefaultExecTimeout; got != want {
 		t.Errorf("agents[1] timeout=%v, want %v", got, want)
@@ -312,6 +315,11 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"ExecNoCommand", head + pw + "    backend: {type: exec}\n", "agents[0].backend.command", "required"},
 		{"ExecEmptyProgram", head + pw + "    backend: {type: exec, command: [\"\"]}\n", "agents[0].backend.command", "required"},
 		{"HTTPWithoutAPIToken", head + pw + "    backend: {type: http}\n", "agents[0].api_token_file", `required for backend type "http"`},
+		{"ExecEnvNamesTheDaemonsOwn", head + pw + "    backend: {type: exec, command: [x], env: [HOME_DIR, MINDROOM_DATABASE_URL]}\n", "agents[0].backend.env[1]", "MINDROOM_DATABASE_URL is the daemon's own"},
+		{"ExecEnvNotAName", head + pw + "    backend: {type: exec, command: [x], env: [\"KEY=value\"]}\n", "agents[0].backend.env[0]", `"KEY=value" is not a variable name`},
+		{"ExecEnvEmptyName", head + pw + "    backend: {type: exec, command: [x], env: [\"\"]}\n", "agents[0].backend.env[0]", "empty variable name"},
+		{"ExecEnvStartsWithADigit", head + pw + "    backend: {type: exec, command: [x], env: [1KEY]}\n", "agents[0].backend.env[0]", `"1KEY" is not a variable name`},
+		{"EnvOnEcho", head + pw + "    backend: {type: echo, env: [KEY]}\n", "agents[0].backend.env", `only for type "exec"`},
 		{"ExecNegativeTimeout", head + pw + "    backend: {type: exec, command: [x], timeout: -1s}\n", "agents[0].backend.timeout", "-1s is not a positive duration"},
 		{"CommandOnEcho", head + pw + "    backend: {type: echo, command: [x]}\n", "agents[0].backend.command", `only for type "exec"`},
 		{"TimeoutOnHTTP", head + pw + "    api_token_file: secrets/api-token\n    backend: {type: http, timeout: 5s}\n", "agents[0].backend.timeout", `only for type "exec"`},

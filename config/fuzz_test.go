@@ -28,7 +28,7 @@ var fuzzSecrets = append(allSecrets[:len(allSecrets):len(allSecrets)], fuzzAPITo
 // configFieldName is every field name an *Error may carry: as written in the
 // file, agents indexed.
 var configFieldName = regexp.MustCompile(`^(homeserver|listen|agents|agents\[\d+\]\.(name|user_id|password_file|access_token_file|api_token_file|` +
-	`backend\.(type|command|timeout|base_url|model|api_key_file|system_prompt|context_messages|stream)))$`)
+	`backend\.(type|command|timeout|env(\[\d+\])?|base_url|model|api_key_file|system_prompt|context_messages|stream)))$`)
 
 // fuzzSecretsDir fills a fresh directory with small secret files: one per
 // secret, a second API token, a copy of the first one and an empty file.
@@ -98,7 +98,7 @@ func FuzzConfig(f *testing.F) {
     user_id: "@two:localhost"
     access_token_file: secrets/access-token
     api_token_file: secrets/api-token-2
-    backend: {type: exec, command: [python3, agent.py], timeout: 1m30s}
+    backend: {type: exec, command: [python3, agent.py], timeout: 1m30s, env: [OPENAI_API_KEY, LC_ALL]}
   - {name: three, user_id: "@three:localhost", password_file: secrets/password, api_token_file: secrets/same-token, backend: {type: http}}
 `,
 		// Anchors, aliases and a merge key spell the same agent twice.
@@ -115,6 +115,8 @@ func FuzzConfig(f *testing.F) {
 		hs + agent + "    backend: {type: exec, command: [x], timeout: -1s}\n",
 		hs + agent + "    backend: {type: exec, command: [\"\"]}\n",
 		hs + agent + "    backend: {type: echo, command: [x]}\n",
+		hs + agent + "    backend: {type: exec, command: [x], env: [MINDROOM_DATABASE_URL]}\n",
+		hs + agent + "    backend: {type: exec, command: [x], env: [\"A=B\", \"\"]}\n",
 		hs + agent + "    backend: {type: http}\n",
 		hs + agent + "    backend: {type: http, stream: true}\n",
 		hs + agent + "    backend: {type: openai, base_url: api.example.org, model: m}\n",
@@ -285,6 +287,11 @@ func checkValidConfig(t *testing.T, cfg *config.Config, envStorage string) {
 			if len(b.Exec.Command) == 0 || b.Exec.Command[0] == "" || b.Exec.Timeout <= 0 {
 				t.Fatalf("%s: exec backend %+v accepted", where, b.Exec)
 			}
+			for _, name := range b.Exec.Env {
+				if name == "" || strings.ContainsAny(name, "= ") || strings.HasPrefix(name, "MINDROOM_") {
+					t.Fatalf("%s: exec env %q accepted", where, b.Exec.Env)
+				}
+			}
 		case config.BackendOpenAI:
 			if b.OpenAI.Model == "" || b.OpenAI.ContextMessages < 1 || b.OpenAI.ContextMessages > config.MaxContextMessages {
 				t.Fatalf("%s: openai backend %+v accepted", where, b.OpenAI)
@@ -292,7 +299,7 @@ func checkValidConfig(t *testing.T, cfg *config.Config, envStorage string) {
 		default:
 			t.Fatalf("%s: backend type %q accepted", where, b.Type)
 		}
-		if b.Type != config.BackendExec && (b.Exec.Command != nil || b.Exec.Timeout != 0) {
+		if b.Type != config.BackendExec && (b.Exec.Command != nil || b.Exec.Timeout != 0 || b.Exec.Env != nil) {
 			t.Fatalf("%s: exec keys on a %s backend", where, b.Type)
 		}
 		if b.Type != config.BackendOpenAI && b.OpenAI != (config.OpenAI{}) {

@@ -122,7 +122,7 @@ func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error)
 	case config.BackendHTTP:
 		return nil, nil
 	case config.BackendExec:
-		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout,
+		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout, Env: a.Backend.Exec.Env,
 			Context: agent.DefaultExecContext, Log: log}, nil
 	case config.BackendOpenAI:
 		o := a.Backend.OpenAI
