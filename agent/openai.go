@@ -26,10 +26,9 @@ const (
 	// on a CPU to write a long answer, short enough that a server that
 	// stalls does not hold the agent's work for good.
 	DefaultOpenAITimeout = 5 * time.Minute
-	// MaxOpenAIContext is the most visible messages a request may carry as
-	// history: more than any model's context holds, and few enough that
-	// reading them is one page of the journal. The config refuses more.
-	MaxOpenAIContext = config.MaxContextMessages
+	// DefaultOpenAIContext is how many visible messages of the conversation
+	// a request carries when OpenAIOptions.ContextMessages is zero.
+	DefaultOpenAIContext = 20
 	// ProgressInterval is the least time between two progress edits of a
 	// streamed answer, and between the request and the first: a homeserver
 	// must not be sent an edit per token, and an answer that is done within
@@ -83,19 +82,6 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("status %d: %s", e.Status, e.Reason)
 }
 
-// OptionError is an option NewOpenAI refuses. Option is its key in the
-// configuration file (context_messages).
-type OptionError struct {
-	Option string
-	Err    error
-}
-
-// Error is "openai agent: option: reason".
-func (e *OptionError) Error() string { return "openai agent: " + e.Option + ": " + e.Err.Error() }
-
-// Unwrap returns the reason.
-func (e *OptionError) Unwrap() error { return e.Err }
-
 // OpenAIOptions configure an OpenAI agent.
 type OpenAIOptions struct {
 	// BaseURL is the API's base, the part before /chat/completions
@@ -112,7 +98,7 @@ type OpenAIOptions struct {
 	// ContextMessages is how many of the last visible messages of the
 	// event's conversation (its thread, or its room when it is in none),
 	// up to and including the event, a request carries; zero means
-	// config.DefaultContextMessages, at most MaxOpenAIContext.
+	// DefaultOpenAIContext.
 	ContextMessages int
 	// Stream asks for the answer token by token, shown as progress edits
 	// of the turn's placeholder while it is written (see Placeholder).
@@ -156,19 +142,13 @@ type OpenAI struct {
 
 var _ principal.Agent = (*OpenAI)(nil)
 
-// NewOpenAI returns the agent o describes. It checks o but makes no
-// request: the server may well start after the daemon.
-func NewOpenAI(o OpenAIOptions) (*OpenAI, error) {
-	switch {
-	case o.BaseURL == "":
-		return nil, &OptionError{Option: "base_url", Err: errors.New("required")}
-	case o.Model == "":
-		return nil, &OptionError{Option: "model", Err: errors.New("required")}
-	case o.ContextMessages < 0 || o.ContextMessages > MaxOpenAIContext:
-		return nil, &OptionError{Option: "context_messages", Err: fmt.Errorf("%d is not in 0..%d", o.ContextMessages, MaxOpenAIContext)}
-	}
-	if o.ContextMessages == 0 {
-		o.ContextMessages = config.DefaultContextMessages
+// NewOpenAI returns the agent o describes, its zero options given their
+// defaults. It makes no request: the server may well start after the
+// daemon. o is taken as the configuration validated it (package config):
+// a base URL, a model, and a context the journal reads in one page.
+func NewOpenAI(o OpenAIOptions) *OpenAI {
+	if o.ContextMessages <= 0 {
+		o.ContextMessages = DefaultOpenAIContext
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultOpenAITimeout
@@ -188,7 +168,7 @@ func NewOpenAI(o OpenAIOptions) (*OpenAI, error) {
 	}
 	return &OpenAI{completions: openai.NewChatCompletionService(opts...), model: o.Model, system: o.SystemPrompt,
 		context: o.ContextMessages, stream: o.Stream, self: o.UserID, timeout: o.Timeout, now: o.Now, log: o.Log,
-		scrub: scrub}, nil
+		scrub: scrub}
 }
 
 // Placeholder is the content the principal sends before a streamed answer

@@ -46,11 +46,7 @@ func newOpenAI(t *testing.T, s *modelstub.Server, change func(*agent.OpenAIOptio
 	if change != nil {
 		change(&o)
 	}
-	a, err := agent.NewOpenAI(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return agent.NewOpenAI(o)
 }
 
 // secret reads value back as the configuration's secret type, from a file
@@ -143,6 +139,22 @@ func TestOpenAISendsTheConversationUpToTheEventAsTheModelsRoles(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("messages =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestOpenAIWithoutAContextSettingSendsTheDefaultNumberOfMessages(t *testing.T) {
+	model := startModel(t, text("ok"))
+	var evs []mx.Ev
+	for i := range agent.DefaultOpenAIContext + 5 {
+		evs = append(evs, mx.Message(fmt.Sprintf("$m%d", i), alice, int64(1000*(i+1)), fmt.Sprintf("message %d", i)))
+	}
+	last := fmt.Sprintf("$m%d", len(evs)-1)
+	if _, err := newOpenAI(t, model, nil).Answer(context.Background(), execTurn(t, last, evs...)); err != nil {
+		t.Fatal(err)
+	}
+	msgs := model.Requests()[0].Messages
+	if len(msgs) != agent.DefaultOpenAIContext || msgs[0].Content != "message 5" {
+		t.Fatalf("%d messages from %q, want the last %d", len(msgs), msgs[0].Content, agent.DefaultOpenAIContext)
 	}
 }
 
@@ -343,10 +355,7 @@ func TestAStreamCutAfterTheModelFinishedKeepsTheAnswerAndAsksOnce(t *testing.T) 
 	}))
 	t.Cleanup(model.Close)
 	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
-	a, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: model.URL + "/v1", Model: "m", Stream: true, UserID: bot, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: model.URL + "/v1", Model: "m", Stream: true, UserID: bot, Log: zerolog.Nop()})
 	reply, err := a.Answer(context.Background(), turn)
 	if err != nil {
 		t.Fatalf("err = %v, want the finished answer", err)
@@ -402,14 +411,6 @@ func TestOpenAICutsAnAnswerTooLargeForOneMessage(t *testing.T) {
 	req := journal.EnqueueRequest{DeliveryID: "d", Stage: journal.StageFinal, RoomID: execRoom, Content: related}
 	if err := req.Validate(); err != nil {
 		t.Fatalf("the outbox refuses the cut answer: %v", err)
-	}
-}
-
-func TestNewOpenAIRefusesAContextWindowTooLargeToRead(t *testing.T) {
-	_, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: "http://127.0.0.1:1/v1", Model: "m", ContextMessages: agent.MaxOpenAIContext + 1})
-	var oe *agent.OptionError
-	if !errors.As(err, &oe) || oe.Option != "context_messages" {
-		t.Fatalf("err = %v, want context_messages refused", err)
 	}
 }
 

@@ -30,16 +30,16 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 )
 
-// Defaults for the optional fields.
+// Defaults of the daemon's own optional fields. A back-end's optional keys
+// left out stay zero here, and the back-end gives them its defaults.
 const (
-	DefaultStorage         = "./mindroom_data"
-	DefaultListen          = "127.0.0.1:8787"
-	DefaultExecTimeout     = 30 * time.Second
-	DefaultContextMessages = 20
-	// MaxContextMessages bounds context_messages: the history of one
-	// request is read in one page.
-	MaxContextMessages = 1000
+	DefaultStorage = "./mindroom_data"
+	DefaultListen  = "127.0.0.1:8787"
 )
+
+// MaxContextMessages bounds context_messages: the history of one request is
+// read in one page.
+const MaxContextMessages = 1000
 
 // envPrefix starts the names of the daemon's own variables, which no
 // back-end's env may name.
@@ -215,7 +215,7 @@ type Exec struct {
 	// Command is the program and its arguments; not run through a shell.
 	Command []string `yaml:"command"`
 	// Timeout bounds one turn, as a Go duration ("30s"). Absent or zero
-	// means 30s.
+	// leaves it to the back-end's default, 30s.
 	Timeout time.Duration `yaml:"timeout"`
 	// Env names the variables of the daemon's environment the command
 	// gets beyond the few every command gets; none of the daemon's own
@@ -235,8 +235,8 @@ type OpenAI struct {
 	SystemPrompt string `yaml:"system_prompt"`
 	// ContextMessages is how many of the last visible messages of the
 	// event's conversation (its thread, or the room), up to and including
-	// the question, go with each request. Absent or zero means 20; at most
-	// MaxContextMessages.
+	// the question, go with each request. Absent or zero leaves it to the
+	// back-end's default, 20; at most MaxContextMessages.
 	ContextMessages int `yaml:"context_messages"`
 	// Stream asks for a streamed answer.
 	Stream bool `yaml:"stream"`
@@ -270,6 +270,7 @@ func Parse(data []byte, dir string, lookupEnv func(string) (string, bool)) (*Con
 	if err != nil {
 		return nil, err
 	}
+	cfg.applyDefaults()
 	storageFromEnv := applyEnv(cfg, lookupEnv)
 	if v, ok := lookupEnv(EnvDatabaseURL); ok && v != "" {
 		cfg.DatabaseURL = Secret{v: v}
@@ -327,13 +328,19 @@ func applyEnv(cfg *Config, lookupEnv func(string) (string, bool)) (storageFromEn
 	return storageFromEnv
 }
 
-func (c *Config) validate() error {
+// applyDefaults fills in the daemon's own optional fields left out of the
+// file, before the environment and validation see them.
+func (c *Config) applyDefaults() {
 	if c.Storage == "" {
 		c.Storage = DefaultStorage
 	}
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
+}
+
+// validate judges the configuration as it is; it changes nothing.
+func (c *Config) validate() error {
 	if err := checkHTTPURL(c.Homeserver); err != nil {
 		return &Error{Field: "homeserver", Err: err}
 	}
@@ -379,7 +386,7 @@ func (c *Config) validate() error {
 	return nil
 }
 
-func (b *Backend) validate(field string) error {
+func (b Backend) validate(field string) error {
 	if b.Type != BackendExec {
 		switch {
 		case b.Exec.Command != nil:
@@ -402,9 +409,6 @@ func (b *Backend) validate(field string) error {
 		if b.Exec.Timeout < 0 {
 			return fieldErr(field+".timeout", "%s is not a positive duration", b.Exec.Timeout)
 		}
-		if b.Exec.Timeout == 0 {
-			b.Exec.Timeout = DefaultExecTimeout
-		}
 		for i, name := range b.Exec.Env {
 			if err := checkEnvName(name); err != nil {
 				return &Error{Field: fmt.Sprintf("%s.env[%d]", field, i), Err: err}
@@ -419,9 +423,6 @@ func (b *Backend) validate(field string) error {
 		}
 		if b.OpenAI.ContextMessages < 0 || b.OpenAI.ContextMessages > MaxContextMessages {
 			return fieldErr(field+".context_messages", "%d is not in 0..%d", b.OpenAI.ContextMessages, MaxContextMessages)
-		}
-		if b.OpenAI.ContextMessages == 0 {
-			b.OpenAI.ContextMessages = DefaultContextMessages
 		}
 	default:
 		return fieldErr(field+".type", "%q is not one of echo, exec, http, openai", b.Type)

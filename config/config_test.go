@@ -215,7 +215,7 @@ agents:
 	}
 }
 
-func TestBackendSettingsAndTheirDefaults(t *testing.T) {
+func TestBackendSettingsAreKeptAndTheKeysLeftOutStayZeroForTheBackEnd(t *testing.T) {
 	dir := t.TempDir()
 	writeSecrets(t, dir)
 	cfg := mustParse(t, `
@@ -253,12 +253,13 @@ agents:
 	if got, want := strings.Join(cfg.Agents[0].Backend.Exec.Env, " "), "BOT_API_KEY LC_ALL"; got != want {
 		t.Errorf("agents[0] env=%q, want %q", got, want)
 	}
-	if got, want := cfg.Agents[1].Backend.Exec.Timeout, config.DefaultExecTimeout; got != want {
-		t.Errorf("agents[1] timeout=%v, want %v", got, want)
+	// The back-ends own their defaults: left out, a key stays zero.
+	if b := cfg.Agents[1].Backend.Exec; b.Timeout != 0 || b.Env != nil {
+		t.Errorf("agents[1] timeout=%v env=%q, want both left out", b.Timeout, b.Env)
 	}
 	o := cfg.Agents[2].Backend.OpenAI
-	if got, want := o.ContextMessages, config.DefaultContextMessages; got != want {
-		t.Errorf("context_messages=%d, want %d", got, want)
+	if o.ContextMessages != 0 {
+		t.Errorf("context_messages=%d, want it left out", o.ContextMessages)
 	}
 	if o.BaseURL != "https://api.example.org/v1" || o.Model != "small" || o.SystemPrompt != "Be brief." || !o.Stream || o.APIKey.IsSet() {
 		t.Errorf("openai=%+v", o)

@@ -284,7 +284,7 @@ func checkValidConfig(t *testing.T, cfg *config.Config, envStorage string) {
 				t.Fatalf("%s: an http backend without an API token accepted", where)
 			}
 		case config.BackendExec:
-			if len(b.Exec.Command) == 0 || b.Exec.Command[0] == "" || b.Exec.Timeout <= 0 {
+			if len(b.Exec.Command) == 0 || b.Exec.Command[0] == "" || b.Exec.Timeout < 0 {
 				t.Fatalf("%s: exec backend %+v accepted", where, b.Exec)
 			}
 			for _, name := range b.Exec.Env {
@@ -293,7 +293,7 @@ func checkValidConfig(t *testing.T, cfg *config.Config, envStorage string) {
 				}
 			}
 		case config.BackendOpenAI:
-			if b.OpenAI.Model == "" || b.OpenAI.ContextMessages < 1 || b.OpenAI.ContextMessages > config.MaxContextMessages {
+			if b.OpenAI.Model == "" || b.OpenAI.ContextMessages < 0 || b.OpenAI.ContextMessages > config.MaxContextMessages {
 				t.Fatalf("%s: openai backend %+v accepted", where, b.OpenAI)
 			}
 		default:

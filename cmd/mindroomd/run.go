@@ -115,27 +115,22 @@ func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (*store.St
 // agent API. It opens no connection: a model server may start after the
 // daemon.
 func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error) {
-	field := fmt.Sprintf("agents[%d].backend", i)
+	// The config validated the back-end's keys and left the ones left out
+	// zero: each back-end gives them its defaults.
 	switch a.Backend.Type {
 	case config.BackendEcho:
 		return agent.Echo{}, nil
 	case config.BackendHTTP:
 		return nil, nil
 	case config.BackendExec:
-		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout, Env: a.Backend.Exec.Env,
-			Context: agent.DefaultExecContext, Log: log}, nil
+		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout, Env: a.Backend.Exec.Env, Log: log}, nil
 	case config.BackendOpenAI:
 		o := a.Backend.OpenAI
-		answer, err := agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey,
-			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log})
-		if oe := (*agent.OptionError)(nil); errors.As(err, &oe) {
-			return nil, &config.Error{Field: field + "." + oe.Option, Err: oe.Err}
-		} else if err != nil {
-			return nil, err
-		}
-		return answer, nil
+		return agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey,
+			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log}), nil
 	}
-	return nil, &config.Error{Field: field + ".type", Err: fmt.Errorf("%q is not a back-end this build runs", a.Backend.Type)}
+	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
+		Err: fmt.Errorf("%q is not a back-end this build runs", a.Backend.Type)}
 }
 
 // placeholderOf is the placeholder an agent sends before each answer
