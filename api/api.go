@@ -85,24 +85,10 @@ func (a Agent) reader() journal.ConversationReader {
 	return a.Store
 }
 
-// Replier relates an agent's answer to the event it answers, exactly as the
-// principal's own turns do, so a reply posted here and one the principal
-// made are the same bytes and the same delivery.
-type Replier interface {
-	// RelateReply returns content related to source: in thread when it is
-	// not nil (with source as the fallback reply), as a reply to source
-	// otherwise. It must be deterministic: a replayed reply is recognised by
-	// comparing its related content with the recorded one.
-	RelateReply(content json.RawMessage, source string, thread *string) (json.RawMessage, error)
-}
-
 // Deps configure New.
 type Deps struct {
 	// Agents are the served agents by agent name.
 	Agents map[string]Agent
-	// Replier relates replies to their events; without it the reply route
-	// answers 501.
-	Replier Replier
 	// Log receives the API's logs (default: discarded).
 	Log zerolog.Logger
 	// CursorKey authenticates conversation cursors. When empty a random key
@@ -124,7 +110,6 @@ type server struct {
 	// answer and the enqueue of this one must not interleave with another
 	// reply's, or two different answers could both be taken.
 	replies    map[string]*sync.Mutex
-	replier    Replier
 	log        zerolog.Logger
 	cursors    journal.CursorCodec
 	streams    chan struct{}
@@ -136,7 +121,6 @@ type server struct {
 func New(deps Deps) http.Handler {
 	s := &server{
 		agents:     deps.Agents,
-		replier:    deps.Replier,
 		log:        deps.Log,
 		cursors:    journal.CursorCodec{Key: deps.CursorKey},
 		heartbeat:  deps.Heartbeat,

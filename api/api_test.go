@@ -17,7 +17,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
@@ -83,7 +82,6 @@ func newFixture(t *testing.T, tune func(*api.Deps)) *fixture {
 				Leave: func(_ context.Context, roomID string) error { fx.left <- roomID; return nil }},
 			"beta": {Store: beta, Token: betaToken, Hints: st.Hints()},
 		},
-		Replier:   principal.Replies{},
 		Log:       zerolog.Nop(),
 		CursorKey: []byte("test cursor key"),
 	}

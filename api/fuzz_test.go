@@ -19,7 +19,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport"
@@ -71,7 +70,6 @@ func newFuzzAPI(tb testing.TB) *fuzzAPI {
 			"alpha": {Store: &readSignal{PrincipalStore: alpha, empty: fx.empty}, Token: alphaToken, Hints: st.Hints(),
 				Leave: func(_ context.Context, roomID string) error { fx.left <- roomID; return nil }},
 		},
-		Replier:   principal.Replies{},
 		Log:       zerolog.Nop(),
 		CursorKey: []byte("fuzz cursor key"),
 		Heartbeat: time.Hour,

@@ -49,10 +49,6 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 	if !ok {
 		return
 	}
-	if s.replier == nil {
-		writeError(w, http.StatusNotImplemented, codeNotImplemented, "replies are not served")
-		return
-	}
 	answer, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": req.Body})
 	if err != nil {
 		s.fail(w, r, name, err)
@@ -87,24 +83,18 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		writeError(w, http.StatusConflict, codeConflict, "the event is no longer pending and was not answered by a reply")
 		return
 	}
-	thread := e.Thread
-	content, err := s.replier.RelateReply(answer, eventID, thread)
+	content, err := journal.RelateReply(answer, eventID, e.Thread)
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
 	}
-	enq := journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal, RoomID: e.RoomID, Thread: thread,
-		TurnID: id, Content: content, Sources: []string{eventID},
-		Turn: &journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
-			Sources: []string{eventID}, Record: content}}
+	enq := journal.FinalReply(e.RoomID, eventID, e.Thread, content, true)
 	if req.Placeholder {
-		// Source-less, so the event stays pending until its answer.
-		enq = journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageInitial, RoomID: e.RoomID,
-			Thread: thread, Content: content}
+		enq = journal.PlaceholderReply(e.RoomID, eventID, e.Thread, content)
 	}
 	res, err := st.EnqueueAndSettle(ctx, enq)
 	switch {
-	case errors.Is(err, journal.ErrMembershipEnded), errors.Is(err, journal.ErrDeliveryRetired):
+	case journal.DropsTurn(err):
 		// Nothing may answer the event now; it is dropped, as the
 		// principal's own turns drop it.
 		if _, serr := st.Settle(ctx, eventID); serr != nil {
@@ -136,7 +126,7 @@ func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, name, err)
 		return
 	}
-	content, err := s.replier.RelateReply(answer, eventID, thread)
+	content, err := journal.RelateReply(answer, eventID, thread)
 	if err != nil {
 		s.fail(w, r, name, err)
 		return

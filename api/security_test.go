@@ -23,7 +23,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport"
@@ -137,7 +136,7 @@ func newSecFixture(t *testing.T) *secFixture {
 		agents[name] = api.Agent{Store: v, Conversation: fx.reads[name], Token: name + "-token-" + strings.Repeat("k", 24),
 			Hints: st.Hints(), Leave: fx.leaves.leave(name)}
 	}
-	fx.srv = httptest.NewServer(api.New(api.Deps{Agents: agents, Replier: principal.Replies{}, Log: zerolog.Nop(),
+	fx.srv = httptest.NewServer(api.New(api.Deps{Agents: agents, Log: zerolog.Nop(),
 		CursorKey: []byte("security test cursor key"), Heartbeat: time.Hour}))
 	t.Cleanup(fx.srv.Close)
 	return fx

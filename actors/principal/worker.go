@@ -1,7 +1,6 @@
 package principal
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -146,7 +145,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	default:
 		var progress func(context.Context, string)
 		if withPlaceholder {
-			if dropped, err := a.placeholder(ctx, e, id, thread); dropped || err != nil {
+			if dropped, err := a.placeholder(ctx, e, thread); dropped || err != nil {
 				return err
 			}
 			progress = a.progress(e, id)
@@ -166,7 +165,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 			_, err := a.deps.Store.Settle(ctx, e.EventID)
 			return err
 		}
-		if content, err = replyContent(reply.Content, e.EventID, thread); err != nil {
+		if content, err = journal.RelateReply(reply.Content, e.EventID, thread); err != nil {
 			return err
 		}
 		if err := a.deps.Store.UpsertTurn(ctx, journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
@@ -174,8 +173,8 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 			return fmt.Errorf("record turn: %w", err)
 		}
 	}
-	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageFinal,
-		RoomID: e.RoomID, Thread: thread, TurnID: id, Content: content, Sources: []string{e.EventID}})
+	// The answer is recorded already: the enqueue only sends and settles.
+	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.FinalReply(e.RoomID, e.EventID, thread, content, false))
 	dropped, err := a.dropIfEnded(ctx, e, err)
 	if dropped && err == nil && withPlaceholder {
 		err = a.retract(ctx, e, id)
@@ -186,13 +185,12 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 // placeholder enqueues the turn's placeholder before the agent is asked.
 // It is source-less, so the event stays pending until the answer's
 // enqueue settles it; enqueued again on a retry, it is the same row.
-func (a *principalActor) placeholder(ctx context.Context, e journal.PendingEvent, id string, thread *string) (dropped bool, err error) {
-	content, err := replyContent(a.deps.Placeholder, e.EventID, thread)
+func (a *principalActor) placeholder(ctx context.Context, e journal.PendingEvent, thread *string) (dropped bool, err error) {
+	content, err := journal.RelateReply(a.deps.Placeholder, e.EventID, thread)
 	if err != nil {
 		return false, err
 	}
-	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.EnqueueRequest{DeliveryID: id, Stage: journal.StageInitial,
-		RoomID: e.RoomID, Thread: thread, Content: content})
+	_, err = a.deps.Store.EnqueueAndSettle(ctx, journal.PlaceholderReply(e.RoomID, e.EventID, thread, content))
 	return a.dropIfEnded(ctx, e, err)
 }
 
@@ -354,44 +352,12 @@ const streamStatusStreaming = "streaming"
 // dropIfEnded settles e when an enqueue for it was refused because the
 // membership that asked has ended: nothing may answer it now.
 func (a *principalActor) dropIfEnded(ctx context.Context, e journal.PendingEvent, err error) (dropped bool, _ error) {
-	if !errors.Is(err, journal.ErrMembershipEnded) && !errors.Is(err, journal.ErrDeliveryRetired) {
+	if !journal.DropsTurn(err) {
 		return false, err
 	}
 	a.log.Info().Err(err).Str("event_id", e.EventID).Msg("Turn dropped: its membership ended")
 	_, err = a.deps.Store.Settle(ctx, e.EventID)
 	return true, err
-}
-
-// Replies relates an answer to the event it answers as the principal's own
-// turns do, for answers made elsewhere (the agent API).
-type Replies struct{}
-
-// RelateReply returns replyContent(content, source, thread).
-func (Replies) RelateReply(content json.RawMessage, source string, thread *string) (json.RawMessage, error) {
-	return replyContent(content, source, thread)
-}
-
-// replyContent relates the agent's content to the event it answers: in the
-// event's thread when it has one (with the event as the fallback reply),
-// as a reply to it otherwise. Content that already names a relation keeps
-// it.
-func replyContent(content json.RawMessage, source string, thread *string) (json.RawMessage, error) {
-	var c map[string]any
-	dec := json.NewDecoder(bytes.NewReader(content))
-	dec.UseNumber()
-	if err := dec.Decode(&c); err != nil || c == nil {
-		return nil, fmt.Errorf("%w: agent reply content must be a JSON object", journal.ErrInvalidArgument)
-	}
-	if _, ok := c["m.relates_to"]; !ok {
-		reply := map[string]any{"event_id": source}
-		if thread != nil {
-			c["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": *thread,
-				"is_falling_back": true, "m.in_reply_to": reply}
-		} else {
-			c["m.relates_to"] = map[string]any{"m.in_reply_to": reply}
-		}
-	}
-	return json.Marshal(c)
 }
 
 // conversation is what a turn reads its conversation through.

@@ -243,7 +243,7 @@ func (d *daemon) serve(listen string) (string, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metricsAccess(l.Addr(), d.metrics.Handler()))
-	mux.Handle("/", api.New(api.Deps{Agents: d.apiAgents, Replier: principal.Replies{}, Log: d.log.With().Str("component", "api").Logger()}))
+	mux.Handle("/", api.New(api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger()}))
 	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := d.server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
