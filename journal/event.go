@@ -316,6 +316,24 @@ func timestamp(v any, now time.Time) (int64, error) {
 	return ts, nil
 }
 
+// RelThread is the rel_type of a message in a thread.
+const RelThread = "m.thread"
+
+// relThreadUnstable is the name of m.thread before the specification took
+// it (MSC3440). Element still sends it to a homeserver that advertises no
+// spec version from v1.4 on, Dendrite 0.13 among them.
+const relThreadUnstable = "io.element.thread"
+
+// RelType returns a relation's rel_type as the rules read it: the unstable
+// name of a thread relation is read as m.thread, so a thread reply is one
+// whichever name its client chose.
+func RelType(relType string) string {
+	if relType == relThreadUnstable {
+		return RelThread
+	}
+	return relType
+}
+
 // relation is content.m.relates_to as the rules read it.
 type relation struct {
 	relType, eventID string
@@ -331,6 +349,7 @@ func readRelation(c object) (*relation, error) {
 	if rel.relType, _, err = r.str("rel_type"); err != nil {
 		return nil, err
 	}
+	rel.relType = RelType(rel.relType)
 	if rel.eventID, _, err = r.str("event_id"); err != nil {
 		return nil, err
 	}
@@ -363,7 +382,7 @@ func (ev *Event) classifyKind(w, c object) error {
 			ev.Kind, ev.Target, ev.NewContent = KindEdit, rel.eventID, canonical
 			return nil
 		}
-		if rel != nil && rel.relType == "m.thread" {
+		if rel != nil && rel.relType == RelThread {
 			ev.Thread = rel.eventID
 		}
 		ev.Kind = KindMessage

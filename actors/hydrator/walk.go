@@ -36,7 +36,7 @@ func (p peeked) relation() (relType, target string) {
 	if p.Content.RelatesTo == nil {
 		return "", ""
 	}
-	return p.Content.RelatesTo.RelType, p.Content.RelatesTo.EventID
+	return journal.RelType(p.Content.RelatesTo.RelType), p.Content.RelatesTo.EventID
 }
 
 func (p peeked) message() bool { return p.Type == "m.room.message" || p.Type == "m.sticker" }
@@ -45,14 +45,14 @@ func (p peeked) message() bool { return p.Type == "m.room.message" || p.Type == 
 // thread.
 func (p peeked) threadReplyTo(root string) bool {
 	rel, target := p.relation()
-	return p.message() && rel == "m.thread" && target == root
+	return p.message() && rel == journal.RelThread && target == root
 }
 
 // roomMessage reports whether the event is a logical message of the room
 // itself: not an edit, not in a thread.
 func (p peeked) roomMessage() bool {
 	rel, _ := p.relation()
-	return p.message() && rel != "m.replace" && rel != "m.thread"
+	return p.message() && rel != "m.replace" && rel != journal.RelThread
 }
 
 // walker is one walk of one conversation. The caller's goroutine fetches;

@@ -1,0 +1,105 @@
+package principal_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/mindroomd/mindroomd/journal"
+)
+
+// sent is what a test reads of an event as the homeserver serves it.
+type sent struct {
+	EventID string `json:"event_id"`
+	Sender  string `json:"sender"`
+	Content struct {
+		Body          string `json:"body"`
+		Format        string `json:"format"`
+		FormattedBody string `json:"formatted_body"`
+		RelatesTo     *struct {
+			RelType       string `json:"rel_type"`
+			EventID       string `json:"event_id"`
+			IsFallingBack *bool  `json:"is_falling_back"`
+			InReplyTo     *struct {
+				EventID string `json:"event_id"`
+			} `json:"m.in_reply_to"`
+		} `json:"m.relates_to"`
+	} `json:"content"`
+}
+
+// awaitAnswer waits until alice's sync shows the agent's message whose
+// body is body, and returns it as the homeserver sent it.
+func (f *fixture) awaitAnswer(body string) sent {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(f.ctx, testDeadline)
+	defer cancel()
+	var ev sent
+	f.alice.AwaitEvent(ctx, f.room, func(raw json.RawMessage) bool {
+		ev = sent{}
+		return json.Unmarshal(raw, &ev) == nil && ev.Sender == f.bot.UserID && ev.Content.Body == body
+	})
+	return ev
+}
+
+// page waits until the conversation page req reads satisfies want, and
+// returns its bodies.
+func (f *fixture) page(req journal.ReadRequest, want func([]string) bool) []string {
+	f.t.Helper()
+	sub := f.store.Hints().Subscribe(f.view.Principal().String())
+	defer sub.Close()
+	deadline := time.After(testDeadline)
+	for {
+		page, err := f.view.Read(f.ctx, req)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		var got []string
+		for _, m := range page.Messages {
+			var c struct {
+				Body string `json:"body"`
+			}
+			_ = json.Unmarshal(m.Content, &c)
+			got = append(got, c.Body)
+		}
+		if want(got) {
+			return got
+		}
+		select {
+		case <-sub.C():
+		case <-deadline:
+			f.t.Fatalf("the page never reached the expected state; last page: %q", got)
+			return nil
+		}
+	}
+}
+
+// Element sends a thread reply as io.element.thread to a homeserver that
+// advertises no spec version from v1.4 on, as Dendrite 0.13 does. It is a
+// thread reply all the same: answered in the thread, on the thread's page,
+// not on the room's.
+func TestAThreadReplyUnderTheUnstableRelationIsAnsweredInItsThread(t *testing.T) {
+	f := newFixture(t)
+	f.start()
+	f.awaitJoined()
+	root := f.alice.SendText(f.room, "root")
+	f.awaitReply("root")
+	question := f.alice.Send(f.room, "m.room.message", map[string]any{
+		"msgtype": "m.text", "body": "in the thread",
+		"m.relates_to": map[string]any{"rel_type": "io.element.thread", "event_id": root,
+			"is_falling_back": true, "m.in_reply_to": map[string]any{"event_id": root}},
+	})
+
+	answer := f.awaitAnswer("echo: in the thread")
+	rel := answer.Content.RelatesTo
+	if rel == nil || rel.RelType != journal.RelThread || rel.EventID != root || rel.InReplyTo == nil || rel.InReplyTo.EventID != question {
+		t.Fatalf("the answer relates as %+v, want a reply to %s in the thread of %s", rel, question, root)
+	}
+	thread := f.page(journal.ReadRequest{RoomID: f.room, Thread: &root, Limit: 100}, func(s []string) bool {
+		return contains(s, "root", "in the thread", "echo: in the thread")
+	})
+	room := f.page(journal.ReadRequest{RoomID: f.room, Limit: 100}, func(s []string) bool { return contains(s, "root", "echo: root") })
+	if contains(room, "in the thread") || contains(room, "echo: in the thread") {
+		t.Fatalf("the room page lists the thread's messages: %q (thread page %q)", room, thread)
+	}
+}
