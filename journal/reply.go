@@ -12,10 +12,11 @@ import (
 // same bytes and the same delivery.
 
 // RelateReply returns content as the answer to source: in source's thread
-// when thread is not nil (with source as the fallback reply), as a reply to
-// source otherwise. Content that already names a relation keeps it. The
-// result depends on its arguments alone: a replayed answer is recognised by
-// comparing it with the recorded one.
+// when thread is not nil (a genuine reply within it, so is_falling_back is
+// false: the relation is no fallback for clients without threads), as a
+// reply to source otherwise. Content that already names a relation keeps
+// it. The result depends on its arguments alone: a replayed answer is
+// recognised by comparing it with the recorded one.
 func RelateReply(content []byte, source string, thread *string) ([]byte, error) {
 	v, err := decodeJSON(content)
 	c, ok := v.(map[string]any)
@@ -26,7 +27,7 @@ func RelateReply(content []byte, source string, thread *string) ([]byte, error) 
 		reply := map[string]any{"event_id": source}
 		if thread != nil {
 			c["m.relates_to"] = map[string]any{"rel_type": "m.thread", "event_id": *thread,
-				"is_falling_back": true, "m.in_reply_to": reply}
+				"is_falling_back": false, "m.in_reply_to": reply}
 		} else {
 			c["m.relates_to"] = map[string]any{"m.in_reply_to": reply}
 		}

@@ -30,8 +30,8 @@ func TestRelateReplyRelatesTheAnswerToItsSourceAndThread(t *testing.T) {
 	}{
 		{"ARoomMessageIsAReply", `{"msgtype":"m.text","body":"hi"}`, nil,
 			`{"msgtype":"m.text","body":"hi","m.relates_to":{"m.in_reply_to":{"event_id":"$q"}}}`},
-		{"AThreadMessageIsAReplyInTheThread", `{"msgtype":"m.text","body":"hi"}`, &root,
-			`{"msgtype":"m.text","body":"hi","m.relates_to":{"rel_type":"m.thread","event_id":"$root","is_falling_back":true,"m.in_reply_to":{"event_id":"$q"}}}`},
+		{"AThreadMessageIsAGenuineReplyInTheThread", `{"msgtype":"m.text","body":"hi"}`, &root,
+			`{"msgtype":"m.text","body":"hi","m.relates_to":{"rel_type":"m.thread","event_id":"$root","is_falling_back":false,"m.in_reply_to":{"event_id":"$q"}}}`},
 		{"ARelationOfTheAgentsOwnIsKept", `{"msgtype":"m.text","body":"hi","m.relates_to":{"rel_type":"m.annotation","event_id":"$x","key":"k"}}`, &root,
 			`{"msgtype":"m.text","body":"hi","m.relates_to":{"rel_type":"m.annotation","event_id":"$x","key":"k"}}`},
 		{"NumbersKeepTheirText", `{"msgtype":"m.text","body":"hi","n":12345678901234567890}`, nil,

@@ -103,3 +103,23 @@ func TestAThreadReplyUnderTheUnstableRelationIsAnsweredInItsThread(t *testing.T)
 		t.Fatalf("the room page lists the thread's messages: %q (thread page %q)", room, thread)
 	}
 }
+
+// A reply in a thread answers the event it names: its m.in_reply_to is the
+// real reply, not the fallback for clients without threads.
+func TestAnAnswerInAThreadIsAGenuineReplyNotAFallback(t *testing.T) {
+	f := newFixture(t)
+	f.start()
+	f.awaitJoined()
+	root := f.alice.SendText(f.room, "root")
+	f.awaitReply("root")
+	question := f.alice.ThreadReply(f.room, root, "asked in the thread")
+
+	answer := f.awaitAnswer("echo: asked in the thread")
+	rel := answer.Content.RelatesTo
+	if rel == nil || rel.RelType != journal.RelThread || rel.InReplyTo == nil || rel.InReplyTo.EventID != question {
+		t.Fatalf("the answer relates as %+v, want a reply to %s in the thread", rel, question)
+	}
+	if rel.IsFallingBack == nil || *rel.IsFallingBack {
+		t.Fatalf("the answer's is_falling_back = %v, want false", rel.IsFallingBack)
+	}
+}
