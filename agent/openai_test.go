@@ -404,7 +404,7 @@ func TestOpenAICutsAnAnswerTooLargeForOneMessage(t *testing.T) {
 		t.Fatalf("content of %d bytes, body …%q; want one message's worth of the answer, marked cut", len(reply.Content), body[max(len(body)-20, 0):])
 	}
 	// The reply, related to its event, is one the outbox accepts.
-	related, err := journal.RelateReply(reply.Content, "$q", nil)
+	related, err := journal.RelateReply(reply.Content, "$q", nil, journal.ReplyMarkdown)
 	if err != nil {
 		t.Fatal(err)
 	}

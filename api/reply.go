@@ -13,9 +13,9 @@ import (
 
 type replyRequest struct {
 	Body string `json:"body"`
-	// Format is "plain" (default) or "markdown". Markdown is sent as its
-	// source text in body, with no formatted_body: clients that render
-	// markdown show it, the others show it as typed.
+	// Format is "markdown" (default) or "plain". Markdown keeps its source
+	// text in body and adds its sanitised HTML rendering as formatted_body
+	// when it holds any markup; plain sends body alone.
 	Format string `json:"format"`
 	// Placeholder sends the reply as the answer's placeholder (the initial
 	// stage the final later edits) and leaves the event pending.
@@ -23,6 +23,14 @@ type replyRequest struct {
 	// RoomID, optional, names the event's room; an event of another room
 	// is not found.
 	RoomID string `json:"room_id"`
+}
+
+// format is how the reply's body is sent.
+func (r replyRequest) format() journal.ReplyFormat {
+	if r.Format == "plain" {
+		return journal.ReplyPlain
+	}
+	return journal.ReplyMarkdown
 }
 
 type replyResponse struct {
@@ -66,7 +74,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		return
 	}
 	if answered {
-		s.replayReply(w, r, name, a, rec, eventID, answer, req.Placeholder)
+		s.replayReply(w, r, name, a, rec, eventID, answer, req)
 		return
 	}
 
@@ -83,7 +91,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		writeError(w, http.StatusConflict, codeConflict, "the event is no longer pending and was not answered by a reply")
 		return
 	}
-	content, err := journal.RelateReply(answer, eventID, e.Thread)
+	content, err := journal.RelateReply(answer, eventID, e.Thread, req.format())
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
@@ -116,8 +124,8 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 // replayReply answers a reply to an event whose answer is recorded: the
 // same answer again is the recorded delivery; any other is a conflict.
 func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string, a Agent,
-	rec journal.TurnRecord, eventID string, answer json.RawMessage, placeholder bool) {
-	if placeholder {
+	rec journal.TurnRecord, eventID string, answer json.RawMessage, req replyRequest) {
+	if req.Placeholder {
 		writeError(w, http.StatusConflict, codeConflict, "the event is already answered")
 		return
 	}
@@ -126,7 +134,7 @@ func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string
 		s.fail(w, r, name, err)
 		return
 	}
-	content, err := journal.RelateReply(answer, eventID, thread)
+	content, err := journal.RelateReply(answer, eventID, thread, req.format())
 	if err != nil {
 		s.fail(w, r, name, err)
 		return

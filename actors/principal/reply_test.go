@@ -3,9 +3,11 @@ package principal_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -121,5 +123,42 @@ func TestAnAnswerInAThreadIsAGenuineReplyNotAFallback(t *testing.T) {
 	}
 	if rel.IsFallingBack == nil || *rel.IsFallingBack {
 		t.Fatalf("the answer's is_falling_back = %v, want false", rel.IsFallingBack)
+	}
+}
+
+// LLM agents answer in markdown; the answer goes out with its sanitised
+// HTML, so clients show the formatting, while an answer of plain text goes
+// out as it is.
+func TestAMarkdownAnswerIsSentWithSanitisedHTMLAndPlainTextWithout(t *testing.T) {
+	const markdown = "**bold** and `code` <script>alert(1)</script>"
+	f := newFixture(t)
+	f.answer = principal.AgentFunc(func(_ context.Context, turn principal.Turn) (principal.Reply, error) {
+		var ev struct {
+			Content struct {
+				Body string `json:"body"`
+			} `json:"content"`
+		}
+		_ = json.Unmarshal(turn.Event.Event, &ev)
+		body := "plain words, no markup"
+		if ev.Content.Body == "markdown please" {
+			body = markdown
+		}
+		content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": body})
+		return principal.Reply{Content: content}, err
+	})
+	f.start()
+	f.awaitJoined()
+	f.alice.SendText(f.room, "markdown please")
+	f.alice.SendText(f.room, "plain please")
+
+	md := f.awaitAnswer(markdown)
+	if md.Content.Format != "org.matrix.custom.html" || !strings.Contains(md.Content.FormattedBody, "<strong>bold</strong>") ||
+		!strings.Contains(md.Content.FormattedBody, "<code>code</code>") || strings.Contains(md.Content.FormattedBody, "script") {
+		t.Fatalf("the markdown answer went out as format %q, formatted_body %q; want sanitised HTML with <strong> and <code>",
+			md.Content.Format, md.Content.FormattedBody)
+	}
+	plain := f.awaitAnswer("plain words, no markup")
+	if plain.Content.Format != "" || plain.Content.FormattedBody != "" {
+		t.Fatalf("the plain answer gained format %q, formatted_body %q", plain.Content.Format, plain.Content.FormattedBody)
 	}
 }

@@ -165,7 +165,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 			_, err := a.deps.Store.Settle(ctx, e.EventID)
 			return err
 		}
-		if content, err = journal.RelateReply(reply.Content, e.EventID, thread); err != nil {
+		if content, err = journal.RelateReply(reply.Content, e.EventID, thread, journal.ReplyMarkdown); err != nil {
 			return err
 		}
 		if err := a.deps.Store.UpsertTurn(ctx, journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
@@ -186,7 +186,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 // It is source-less, so the event stays pending until the answer's
 // enqueue settles it; enqueued again on a retry, it is the same row.
 func (a *principalActor) placeholder(ctx context.Context, e journal.PendingEvent, thread *string) (dropped bool, err error) {
-	content, err := journal.RelateReply(a.deps.Placeholder, e.EventID, thread)
+	content, err := journal.RelateReply(a.deps.Placeholder, e.EventID, thread, journal.ReplyMarkdown)
 	if err != nil {
 		return false, err
 	}
