@@ -20,6 +20,14 @@ var (
 	// page owes, failed. It fails closed rather than serve a page with
 	// holes.
 	ErrStrictRead = errors.New("strict read failed")
+	// ErrConflict reports a write that would break a uniqueness or
+	// primary-key rule of the journal: each store maps its database's own
+	// code for it onto this.
+	ErrConflict = errors.New("conflict")
+	// ErrCorrupt reports a journal its database finds damaged (or, for a
+	// file, not a database at all). Unlike a full disk or a lost
+	// connection, it does not pass by itself: it waits for a restore.
+	ErrCorrupt = errors.New("journal corrupt")
 )
 
 // EventError explains why one inbound event was rejected. It wraps

@@ -1,6 +1,8 @@
 // Package migration lists a store's schema migrations: numbered SQL files
 // embedded in the binary, which the store owning them applies in order,
-// each in one transaction with its version bump.
+// each in one transaction with its version bump; and it decides, for
+// either store, whether a database found on opening is one this binary
+// may use (Check), with the errors that refuse one.
 package migration
 
 import (

@@ -23,6 +23,7 @@ import (
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/journalsql"
+	"github.com/mindroomd/mindroomd/migration"
 )
 
 const (
@@ -38,11 +39,6 @@ const DefaultMaxConns = 16
 
 // Errors of the storage boundary.
 var (
-	// ErrConflict reports a uniqueness or primary-key violation.
-	ErrConflict = errors.New("conflict")
-	// ErrForeignDatabase reports a schema holding another application's
-	// tables.
-	ErrForeignDatabase = errors.New("the schema holds tables that are not a mindroomd journal")
 	// ErrNoJournal reports a database (or schema) holding no journal yet.
 	ErrNoJournal = errors.New("no mindroomd journal in this database")
 )
@@ -150,17 +146,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 // openReadOnly checks the journal is one this binary reads as it stands
 // and reads its generation.
 func (s *Store) openReadOnly(ctx context.Context) error {
-	version, err := schemaVersion(ctx, s.pool)
+	found, err := readSchema(ctx, s.pool)
 	if err != nil {
 		return err
 	}
-	switch {
-	case version == 0:
+	if found.Version == 0 && !found.Tables {
 		return ErrNoJournal
-	case version > SchemaVersion():
-		return &NewerDatabaseError{Version: version, Known: SchemaVersion()}
-	case version < SchemaVersion():
-		return fmt.Errorf("journal schema version %d is older than this binary's (%d); start the daemon once to migrate it", version, SchemaVersion())
+	}
+	if err := migration.Check(found, SchemaVersion(), migration.ReadOnly); err != nil {
+		return err
 	}
 	if err := s.pool.QueryRow(ctx, selectGeneration).Scan(&s.generation); err != nil {
 		return fmt.Errorf("read generation: %w", err)
@@ -258,12 +252,27 @@ func retryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
-// mapErr translates constraint codes into domain errors at this boundary,
-// by code and never by message text.
+// PostgreSQL's SQLSTATEs that mapErr names.
+const (
+	sqlstateUniqueViolation = "23505"
+	sqlstateDataCorrupted   = "XX001"
+	sqlstateIndexCorrupted  = "XX002"
+)
+
+// mapErr translates PostgreSQL's SQLSTATEs into the journal's error
+// vocabulary at this boundary, by code and never by message text: a
+// unique violation is journal.ErrConflict, data or an index the server
+// finds corrupted is journal.ErrCorrupt. The server's error stays wrapped.
 func mapErr(err error) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23505" {
-		return fmt.Errorf("%w: %w", ErrConflict, err)
+	if !errors.As(err, &pe) || errors.Is(err, journal.ErrConflict) || errors.Is(err, journal.ErrCorrupt) {
+		return err
+	}
+	switch pe.Code {
+	case sqlstateUniqueViolation:
+		return fmt.Errorf("%w: %w", journal.ErrConflict, err)
+	case sqlstateDataCorrupted, sqlstateIndexCorrupted:
+		return fmt.Errorf("%w: %w", journal.ErrCorrupt, err)
 	}
 	return err
 }

@@ -33,19 +33,6 @@ func migrations() []migration.File { return migration.Load(migrationFS, "migrati
 // SchemaVersion is the newest schema this binary knows.
 func SchemaVersion() int { return len(migrations()) }
 
-// NewerDatabaseError reports a database migrated by a newer binary than
-// this one; writing to it could misread rows this binary does not know.
-type NewerDatabaseError struct {
-	// Version is the database's schema version; Known is the newest this
-	// binary knows.
-	Version, Known int
-}
-
-// Error implements error.
-func (e *NewerDatabaseError) Error() string {
-	return fmt.Sprintf("journal schema version %d is newer than this binary supports (%d); upgrade mindroomd", e.Version, e.Known)
-}
-
 // migrate applies the migrations the database lacks, each in one
 // transaction with its version row. A schema holding other tables and no
 // versions belongs to someone else and is refused.
@@ -61,18 +48,26 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// schemaVersion reads the journal's schema version without creating
-// anything: 0 when there is no journal.
-func schemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+// readSchema reads the journal's schema version, and whether the schema
+// holds other tables, without creating anything: version 0 when there is
+// no journal.
+func readSchema(ctx context.Context, q querier) (migration.Schema, error) {
+	var found migration.Schema
 	var exists bool
-	if err := pool.QueryRow(ctx, selectHasVersions).Scan(&exists); err != nil || !exists {
-		return 0, err
+	if err := q.QueryRow(ctx, selectHasVersions).Scan(&exists); err != nil {
+		return found, fmt.Errorf("read schema version: %w", mapErr(err))
 	}
-	var v int
-	if err := pool.QueryRow(ctx, selectVersion).Scan(&v); err != nil {
-		return 0, fmt.Errorf("read schema version: %w", err)
+	if exists {
+		if err := q.QueryRow(ctx, selectVersion).Scan(&found.Version); err != nil {
+			return found, fmt.Errorf("read schema version: %w", mapErr(err))
+		}
 	}
-	return v, nil
+	var tables int
+	if err := q.QueryRow(ctx, selectHasTables).Scan(&tables); err != nil {
+		return found, fmt.Errorf("read schema: %w", mapErr(err))
+	}
+	found.Tables = tables > 0
+	return found, nil
 }
 
 func apply(ctx context.Context, pool *pgxpool.Pool, m migration.File) error {
@@ -84,23 +79,15 @@ func apply(ctx context.Context, pool *pgxpool.Pool, m migration.File) error {
 	if _, err := tx.Exec(ctx, lockMigrations); err != nil {
 		return err
 	}
-	var version, tables int
-	if err := tx.QueryRow(ctx, selectVersion).Scan(&version); err != nil {
+	found, err := readSchema(ctx, tx)
+	if err != nil {
 		return err
 	}
-	if version > SchemaVersion() {
-		return &NewerDatabaseError{Version: version, Known: SchemaVersion()}
+	if err := migration.Check(found, SchemaVersion(), migration.ReadWrite); err != nil {
+		return err
 	}
-	if version >= m.Version {
+	if found.Version >= m.Version {
 		return nil
-	}
-	if version == 0 {
-		if err := tx.QueryRow(ctx, selectHasTables).Scan(&tables); err != nil {
-			return err
-		}
-		if tables > 0 {
-			return ErrForeignDatabase
-		}
 	}
 	// A migration file is several statements: the simple protocol runs
 	// them in one round trip, inside this transaction.

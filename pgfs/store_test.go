@@ -15,6 +15,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/hint"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/migration"
 	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
@@ -229,8 +230,8 @@ func TestAnOpenRefusesAForeignSchemaAndANewerJournal(t *testing.T) {
 	if _, err := conn.Exec(t.Context(), `CREATE TABLE invoices (id int)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u}); !errors.Is(err, pgfs.ErrForeignDatabase) {
-		t.Fatalf("open of a schema holding another application's table: %v, want %v", err, pgfs.ErrForeignDatabase)
+	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u}); !errors.Is(err, migration.ErrForeignDatabase) {
+		t.Fatalf("open of a schema holding another application's table: %v, want %v", err, migration.ErrForeignDatabase)
 	}
 
 	u = cluster.Schema(t)
@@ -240,7 +241,7 @@ func TestAnOpenRefusesAForeignSchemaAndANewerJournal(t *testing.T) {
 	if _, err := conn.Exec(t.Context(), `INSERT INTO schema_versions (version) VALUES (99)`); err != nil {
 		t.Fatal(err)
 	}
-	var newer *pgfs.NewerDatabaseError
+	var newer *migration.NewerDatabaseError
 	if _, err := store.Open(t.Context(), store.Options{DatabaseURL: u}); !errors.As(err, &newer) || newer.Version != 99 {
 		t.Fatalf("open of a journal migrated by a newer binary: %v", err)
 	}

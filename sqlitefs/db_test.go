@@ -15,6 +15,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/migration"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/walbuf"
 )
@@ -186,7 +187,7 @@ func TestANewerDatabaseIsRefused(t *testing.T) {
 		db2.Close()
 		t.Fatalf("Open accepted a database at schema version %d", newer)
 	}
-	var ne *sqlitefs.NewerDatabaseError
+	var ne *migration.NewerDatabaseError
 	if !errors.As(err, &ne) {
 		t.Fatalf("error = %v, want a *NewerDatabaseError", err)
 	}
@@ -221,7 +222,7 @@ func TestAForeignDatabaseIsRefused(t *testing.T) {
 				db.Close()
 				t.Fatalf("Open adopted a foreign database")
 			}
-			if !errors.Is(err, sqlitefs.ErrForeignDatabase) {
+			if !errors.Is(err, migration.ErrForeignDatabase) {
 				t.Fatalf("error = %v, want ErrForeignDatabase", err)
 			}
 			// Refusing must leave the other program's file as it was.

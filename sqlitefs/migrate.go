@@ -36,38 +36,50 @@ func migrations() []migration.File { return migration.Load(migrationFS, "migrati
 // SchemaVersion is the newest schema this binary knows.
 func SchemaVersion() int { return len(migrations()) }
 
-// identify reads the file's schema version and refuses a file that belongs
-// to another application. It runs on a query-only connection before the
-// writer's first connection switches the file to WAL, so a refused file is
-// left exactly as it was found.
+// identify refuses a file the writer may not use, as migration decides,
+// and returns its schema version. It runs on a query-only connection
+// before the writer's first connection switches the file to WAL, so a
+// refused file is left exactly as it was found.
 func identify(ctx context.Context, db *sql.DB) (version int, err error) {
-	var appID, tables int
+	found, err := readSchema(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if err := migration.Check(found, SchemaVersion(), migration.ReadWrite); err != nil {
+		return 0, err
+	}
+	return found.Version, nil
+}
+
+// readSchema reads the file's schema version and application stamp.
+func readSchema(ctx context.Context, db *sql.DB) (migration.Schema, error) {
+	var appID, version, tables int
 	if err := db.QueryRowContext(ctx, queryApplicationID).Scan(&appID); err != nil {
-		return 0, fmt.Errorf("read application_id: %w", err)
+		return migration.Schema{}, fmt.Errorf("read application_id: %w", mapErr(err))
 	}
 	if err := db.QueryRowContext(ctx, queryUserVersion).Scan(&version); err != nil {
-		return 0, fmt.Errorf("read user_version: %w", err)
+		return migration.Schema{}, fmt.Errorf("read user_version: %w", mapErr(err))
 	}
 	if err := db.QueryRowContext(ctx, queryHasTables).Scan(&tables); err != nil {
-		return 0, fmt.Errorf("read schema: %w", err)
+		return migration.Schema{}, fmt.Errorf("read schema: %w", mapErr(err))
 	}
+	found := migration.Schema{Version: version, Tables: tables > 0}
 	switch {
 	case appID != 0 && appID != ApplicationID:
-		return 0, fmt.Errorf("%w: application_id is %#x", ErrForeignDatabase, appID)
+		found.Foreign = fmt.Sprintf("application_id is %#x", appID)
 	case appID == 0 && tables > 0:
-		return 0, fmt.Errorf("%w: the file holds tables of another application", ErrForeignDatabase)
+		// Every migration stamps the file, so tables without the stamp
+		// are another application's whatever user_version says.
+		found.Foreign = "the file holds tables of another application"
 	}
-	if known := len(migrations()); version > known {
-		return 0, &NewerDatabaseError{Version: version, Known: known}
-	}
-	return version, nil
+	return found, nil
 }
 
 // migrate applies the migrations newer than version.
 func migrate(ctx context.Context, db *sql.DB, version int) error {
 	for _, m := range migrations()[version:] {
 		if err := apply(ctx, db, m); err != nil {
-			return fmt.Errorf("migrate to v%d (%s): %w", m.Version, m.Name, err)
+			return fmt.Errorf("migrate to v%d (%s): %w", m.Version, m.Name, mapErr(err))
 		}
 	}
 	return nil
@@ -95,7 +107,7 @@ func apply(ctx context.Context, db *sql.DB, m migration.File) error {
 // mintGeneration gives the database its identity once; later opens keep it.
 func mintGeneration(ctx context.Context, db *sql.DB) error {
 	if _, err := db.ExecContext(ctx, insertGeneration, uuid.NewString()); err != nil {
-		return fmt.Errorf("mint generation: %w", err)
+		return fmt.Errorf("mint generation: %w", mapErr(err))
 	}
 	return nil
 }

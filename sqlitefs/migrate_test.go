@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/migration"
 )
 
 // The v2 fixture is written with v2's own shapes, which no v3 statement
@@ -370,7 +371,7 @@ func TestAReadOnlyOpenRefusesAnOlderSchemaAndLeavesItAlone(t *testing.T) {
 		db.Close()
 		t.Fatalf("read-only open accepted a journal at schema version %d", older)
 	}
-	var oe *OlderDatabaseError
+	var oe *migration.OlderDatabaseError
 	if !errors.As(err, &oe) || oe.Version != older || oe.Known != SchemaVersion() {
 		t.Fatalf("error = %v, want an OlderDatabaseError for version %d", err, older)
 	}

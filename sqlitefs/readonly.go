@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/mattn/go-sqlite3"
+
+	"github.com/mindroomd/mindroomd/migration"
 )
 
 // Errors of the read-only handle.
@@ -29,20 +31,6 @@ var (
 	ErrSharedMemory = errors.New("cannot read the journal: SQLite must create its -shm and -wal files " +
 		"beside it and this user cannot write that directory; run this as the daemon's user")
 )
-
-// OlderDatabaseError reports a database a read-only open found at an older
-// schema than this binary's. Reading it would ask for columns and tables
-// it does not have, and migrating it is the writer's job.
-type OlderDatabaseError struct {
-	// Version is the database's schema version; Known this binary's.
-	Version, Known int
-}
-
-// Error implements error.
-func (e *OlderDatabaseError) Error() string {
-	return fmt.Sprintf("journal schema version %d is older than this binary's (%d); "+
-		"start the daemon of this version once to migrate it, or use the mindroomd that wrote it", e.Version, e.Known)
-}
 
 // OpenReadOnly opens the journal under opts.StorageDir for operator
 // commands while a daemon may be writing it. It opens the file mode=ro with
@@ -81,12 +69,12 @@ func OpenReadOnly(ctx context.Context, opts Options) (_ *DB, err error) {
 	// No connection outlives its call, so each one's wait for locks is set
 	// from the deadline of the call that opened it.
 	db.readers.SetMaxIdleConns(0)
-	version, err := identify(ctx, db.readers)
+	found, err := readSchema(ctx, db.readers)
 	if err != nil {
 		return nil, readOnlyErr(ctx, path, err)
 	}
-	if known := SchemaVersion(); version != known {
-		return nil, &OlderDatabaseError{Version: version, Known: known}
+	if err := migration.Check(found, SchemaVersion(), migration.ReadOnly); err != nil {
+		return nil, err
 	}
 	if db.pageHead, err = db.readers.PrepareContext(ctx, PageQueryHead); err != nil {
 		return nil, fmt.Errorf("prepare page query: %w", readOnlyErr(ctx, path, err))
@@ -176,13 +164,15 @@ func readOnlyErr(ctx context.Context, path string, err error) error {
 	return err
 }
 
-// deadlineErr reports a failure that came once ctx's deadline had passed
-// as the deadline it is: a connection opened for ctx gives up waiting for a
-// lock at the deadline, and SQLite then reports the lock, not the deadline.
+// deadlineErr is a reader's error in the journal's vocabulary (mapErr),
+// and reports a failure that came once ctx's deadline had passed as the
+// deadline it is: a connection opened for ctx gives up waiting for a lock
+// at the deadline, and SQLite then reports the lock, not the deadline.
 func deadlineErr(ctx context.Context, err error) error {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	err = mapErr(err)
 	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
 		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/migration"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
@@ -175,7 +176,7 @@ func TestAReadOnlyOpenRefusesANewerSchema(t *testing.T) {
 		db.Close()
 		t.Fatalf("read-only open accepted schema version %d", newer)
 	}
-	var ne *sqlitefs.NewerDatabaseError
+	var ne *migration.NewerDatabaseError
 	if !errors.As(err, &ne) || ne.Version != newer || ne.Known != sqlitefs.SchemaVersion() {
 		t.Fatalf("error = %v, want a NewerDatabaseError for %d", err, newer)
 	}

@@ -6,8 +6,9 @@
 //	1  any other failure
 //	2  usage error: no command, or an unknown command, flag or argument
 //	3  configuration error: the daemon's configuration file
-//	4  the journal is refused or damaged: another application's file, a
-//	   schema newer or older than this binary's, or a file SQLite finds corrupt
+//	4  the journal is refused or damaged, in SQLite or PostgreSQL alike:
+//	   another application's file or schema, a schema newer or older than
+//	   this binary's, or a journal its database finds corrupt
 //
 // Codes 2 to 4 are failures that running the same command again cannot
 // mend, so a service manager can be told not to restart on them.
@@ -25,7 +26,8 @@ import (
 	"time"
 
 	"github.com/mindroomd/mindroomd/config"
-	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/migration"
 )
 
 // version is set at build time with -ldflags "-X main.version=..."; make
@@ -64,8 +66,9 @@ var exitCodes = []struct {
 	{exitFailure, "any other failure"},
 	{exitUsage, "usage error: no command, or an unknown command, flag or argument"},
 	{exitConfig, "configuration error: the daemon's configuration file"},
-	{exitJournal, "the journal is refused or damaged: another application's file,\n" +
-		"     a schema newer or older than this binary's, or a file SQLite finds corrupt"},
+	{exitJournal, "the journal is refused or damaged, in SQLite or PostgreSQL alike:\n" +
+		"     another application's file or schema, a schema newer or older than\n" +
+		"     this binary's, or a journal its database finds corrupt"},
 }
 
 // execute runs one command line and returns the process's exit code. Help
@@ -107,16 +110,13 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
-// refusedJournal reports a journal this binary will not use as it stands:
-// one it refuses, or one SQLite finds damaged. Each waits for someone to
-// act (another binary, a migration, a restore). A full disk or an I/O
-// error, which sqlitefs.IsFatal also counts, can pass by itself, so it is
-// not among them.
+// refusedJournal reports a journal this binary will not use as it stands,
+// on either backend: one migration refuses, or one its database finds
+// damaged. Each waits for someone to act (another binary, a migration, a
+// restore). A full disk, an I/O error or a lost connection can pass by
+// itself, so it is not among them.
 func refusedJournal(err error) bool {
-	var newer *sqlitefs.NewerDatabaseError
-	var older *sqlitefs.OlderDatabaseError
-	return errors.Is(err, sqlitefs.ErrForeignDatabase) || errors.As(err, &newer) || errors.As(err, &older) ||
-		sqlitefs.IsCorrupt(err)
+	return migration.Refused(err) || errors.Is(err, journal.ErrCorrupt)
 }
 
 // usageError is a command line mindroomd cannot run.

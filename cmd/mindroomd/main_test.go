@@ -22,6 +22,9 @@ import (
 
 	"github.com/mattn/go-sqlite3"
 
+	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/migration"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
@@ -154,7 +157,7 @@ func TestStatusRefusesAnOlderJournalWithoutMigratingIt(t *testing.T) {
 	setVersion(t, dir, older)
 	before := mustReadFile(t, sqlitefs.Path(dir))
 	_, err := run(t, "status", "-storage", dir)
-	var oe *sqlitefs.OlderDatabaseError
+	var oe *migration.OlderDatabaseError
 	if !errors.As(err, &oe) || !strings.Contains(err.Error(), "older than this binary") {
 		t.Fatalf("status of a v%d journal: %v, want an older-schema error", older, err)
 	}
@@ -168,7 +171,7 @@ func TestStatusRefusesANewerJournal(t *testing.T) {
 	newer := sqlitefs.SchemaVersion() + 1
 	setVersion(t, dir, newer)
 	_, err := run(t, "status", "-storage", dir)
-	var ne *sqlitefs.NewerDatabaseError
+	var ne *migration.NewerDatabaseError
 	if !errors.As(err, &ne) || !strings.Contains(err.Error(), "upgrade mindroomd") {
 		t.Fatalf("status of a v%d journal: %v, want a newer-schema error", newer, err)
 	}
@@ -410,11 +413,12 @@ func TestEachErrorMapsToItsExitCode(t *testing.T) {
 		{"Help", flag.ErrHelp, exitOK},
 		{"UnknownCommand", &usageError{err: errors.New(`unknown command "x"`)}, exitUsage},
 		{"BadFlag", fmt.Errorf("parse: %w", &usageError{command: "status", err: errors.New("flag provided but not defined: -x")}), exitUsage},
-		{"ForeignDatabase", fmt.Errorf("open: %w: application_id is 0x1", sqlitefs.ErrForeignDatabase), exitJournal},
-		{"NewerSchema", fmt.Errorf("open: %w", &sqlitefs.NewerDatabaseError{Version: 9, Known: 3}), exitJournal},
-		{"OlderSchema", &sqlitefs.OlderDatabaseError{Version: 2, Known: 3}, exitJournal},
-		{"Corrupt", fmt.Errorf("read schema: %w", sqlite3.Error{Code: sqlite3.ErrCorrupt, ExtendedCode: sqlite3.ErrCorruptVTab}), exitJournal},
-		{"NotADatabase", fmt.Errorf("read application_id: %w", sqlite3.Error{Code: sqlite3.ErrNotADB}), exitJournal},
+		{"Config", fmt.Errorf("load: %w", &config.Error{Field: "agents", Err: errors.New("none configured")}), exitConfig},
+		{"ForeignDatabase", fmt.Errorf("open: %w: application_id is 0x1", migration.ErrForeignDatabase), exitJournal},
+		{"NewerSchema", fmt.Errorf("open: %w", &migration.NewerDatabaseError{Version: 9, Known: 3}), exitJournal},
+		{"OlderSchema", &migration.OlderDatabaseError{Version: 2, Known: 3}, exitJournal},
+		{"Corrupt", fmt.Errorf("read schema: %w", journal.ErrCorrupt), exitJournal},
+		{"Conflict", fmt.Errorf("intern room: %w", journal.ErrConflict), exitFailure},
 		{"DiskFull", sqlite3.Error{Code: sqlite3.ErrFull}, exitFailure},
 		{"IOError", sqlite3.Error{Code: sqlite3.ErrIoErr}, exitFailure},
 		{"Busy", sqlite3.Error{Code: sqlite3.ErrBusy}, exitFailure},
