@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,15 +24,7 @@ const dbPassword = "db-pw-3f8a61-never-printed"
 // MINDROOM_TEST_PG_URL names), as a URL holding a password.
 func postgresURL(t *testing.T) string {
 	t.Helper()
-	c := pg.Start(t)
-	u, err := url.Parse(c.Schema(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, set := u.User.Password(); !set {
-		u.User = url.UserPassword(u.User.Username(), dbPassword)
-	}
-	return u.String()
+	return schemaURL(t, pg.Start(t))
 }
 
 func TestTheDaemonRunsOnPostgreSQLAndAnswersEachMessageOnceAcrossARestart(t *testing.T) {
