@@ -25,17 +25,21 @@ func CanonicalJSON(raw []byte) ([]byte, error) {
 // errDuplicateKey marks a JSON object that names one key twice.
 var errDuplicateKey = errors.New("duplicate key")
 
+// errTooDeep marks a JSON value nested deeper than MaxJSONDepth.
+var errTooDeep = fmt.Errorf("nested deeper than %d levels", MaxJSONDepth)
+
 // decodeJSON decodes exactly one JSON value into maps, slices, strings,
 // booleans, nil and json.Number (the literal text of a number). It is the
 // one reading every rule, size check and canonical form is taken from, so
 // it is strict where encoding/json is lenient: object keys are kept exactly
 // as written (a struct decode would match "EVENT_ID" to event_id), and an
 // object that repeats a key is refused instead of resolved one way here and
-// another way there.
+// another way there. A value nested deeper than MaxJSONDepth is refused
+// too, before the decoder descends any further.
 func decodeJSON(raw []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	v, err := decodeValue(dec)
+	v, err := decodeValue(dec, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -45,8 +49,9 @@ func decodeJSON(raw []byte) (any, error) {
 	return v, nil
 }
 
-// decodeValue reads the next value from dec, which must use numbers.
-func decodeValue(dec *json.Decoder) (any, error) {
+// decodeValue reads the next value from dec, which must use numbers; depth
+// is how many objects and arrays enclose it.
+func decodeValue(dec *json.Decoder, depth int) (any, error) {
 	tok, err := dec.Token()
 	if err != nil {
 		if err == io.EOF {
@@ -56,6 +61,9 @@ func decodeValue(dec *json.Decoder) (any, error) {
 	}
 	switch t := tok.(type) {
 	case json.Delim:
+		if depth == MaxJSONDepth {
+			return nil, errTooDeep
+		}
 		switch t {
 		case '{':
 			obj := make(map[string]any)
@@ -68,7 +76,7 @@ func decodeValue(dec *json.Decoder) (any, error) {
 				if _, dup := obj[key]; dup {
 					return nil, fmt.Errorf("%w %s", errDuplicateKey, strconv.Quote(key))
 				}
-				if obj[key], err = decodeValue(dec); err != nil {
+				if obj[key], err = decodeValue(dec, depth+1); err != nil {
 					return nil, err
 				}
 			}
@@ -77,7 +85,7 @@ func decodeValue(dec *json.Decoder) (any, error) {
 		case '[':
 			arr := []any{}
 			for dec.More() {
-				v, err := decodeValue(dec)
+				v, err := decodeValue(dec, depth+1)
 				if err != nil {
 					return nil, err
 				}

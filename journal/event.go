@@ -13,6 +13,15 @@ import (
 // conforming server.
 const MaxContentBytes = 64 << 10
 
+// MaxJSONDepth bounds how deeply an inbound event nests JSON objects and
+// arrays, the event itself being level 1. Matrix sets no depth bound, but
+// real events stay within about ten levels (content, m.new_content,
+// m.relates_to, a redacted_because event in unsigned), while readers
+// downstream refuse deep values (encoding/json stops at 10,000 levels, and
+// 64 KiB of content holds 30,000): an event nested deeper is malformed at
+// admission rather than stored where no reader can decode it.
+const MaxJSONDepth = 64
+
 // maxFutureSkew is how far ahead of the local clock an origin_server_ts may be
 // before it is treated as absurd rather than as clock skew.
 const maxFutureSkew = 366 * 24 * time.Hour
