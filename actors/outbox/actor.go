@@ -63,7 +63,9 @@ type Deps struct {
 	// DeviceID is the sending device, recorded at claim: the homeserver
 	// deduplicates transaction IDs per device.
 	DeviceID string
-	// Hints, when set, wakes the actor after commits for its principal.
+	// Hints, when set, wakes the actor after commits for its principal. The
+	// actor owns it and closes it when it stops, so a stopped actor leaves
+	// nothing on the bus.
 	Hints *hint.Subscription
 	Now   func() time.Time
 	Log   zerolog.Logger
@@ -148,6 +150,8 @@ func (a *outboxActor) Receive(ctx actor.Context) {
 		a.inFlight = false
 		a.settleReconciled(m)
 		a.pump(ctx)
+	case *trackedRows:
+		ctx.Respond(a.tracked())
 	case *actor.Stopping:
 		a.cancel()
 		if a.timer != nil {
@@ -155,6 +159,7 @@ func (a *outboxActor) Receive(ctx actor.Context) {
 		}
 		if a.stopHint != nil {
 			close(a.stopHint)
+			a.deps.Hints.Close()
 		}
 	}
 }
@@ -187,7 +192,13 @@ func (a *outboxActor) pump(ctx actor.Context) {
 	var (
 		after     *journal.DeliveryCursor
 		nextRetry time.Time
+		// owed are the rows a whole scan finds, when the actor holds state
+		// for any: what it holds for any other row is let go.
+		owed map[key]struct{}
 	)
+	if len(a.backoff)+len(a.mine)+len(a.missed) > 0 {
+		owed = make(map[key]struct{})
+	}
 	for {
 		rows, err := a.deps.Outbox.Unacknowledged(a.ctx, a.deps.ScanLimit, after)
 		if err != nil {
@@ -197,6 +208,9 @@ func (a *outboxActor) pump(ctx actor.Context) {
 		}
 		for _, d := range rows {
 			k := key{d.DeliveryID, d.Stage}
+			if owed != nil {
+				owed[k] = struct{}{}
+			}
 			if b, ok := a.backoff[k]; ok && b.until.After(now) {
 				if nextRetry.IsZero() || b.until.Before(nextRetry) {
 					nextRetry = b.until
@@ -217,6 +231,11 @@ func (a *outboxActor) pump(ctx actor.Context) {
 		}
 		last := rows[len(rows)-1]
 		after = &journal.DeliveryCursor{CreatedMS: last.CreatedMS, Position: last.Position}
+	}
+	if owed != nil {
+		// Finished elsewhere (retired by a departure, acknowledged by
+		// another sender) or by a path that did not forget it.
+		a.prune(owed)
 	}
 	if !nextRetry.IsZero() {
 		a.schedule(ctx, nextRetry)
@@ -240,7 +259,12 @@ func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
 	}
 	d, err := a.deps.Outbox.Claim(a.ctx, row.DeliveryID, row.Stage, a.deps.DeviceID)
 	switch {
-	case errors.Is(err, journal.ErrStageBlocked), errors.Is(err, journal.ErrNotClaimable):
+	case errors.Is(err, journal.ErrStageBlocked):
+		return false
+	case errors.Is(err, journal.ErrNotClaimable):
+		// Finished since the scan read it (retired, or acknowledged by
+		// another sender): nothing of it is owed any more.
+		a.forget(k)
 		return false
 	case errors.Is(err, journal.ErrDeviceChanged):
 		// The scan's copy was older than the row; the next scan reconciles.
@@ -309,7 +333,7 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 			a.delay(k, 0)
 			return
 		}
-		delete(a.backoff, k)
+		a.forget(k)
 		a.observe(Acknowledged, d)
 	case !a.missed[k]:
 		// Not there yet is not never sent: a send cut off by the crash may
@@ -343,7 +367,7 @@ func (a *outboxActor) finish(m *sent) {
 		_, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.record)
 		switch {
 		case err == nil:
-			delete(a.backoff, k)
+			a.forget(k)
 			a.observe(Acknowledged, d)
 			return
 		case errors.Is(err, journal.ErrInvalidArgument):
@@ -369,11 +393,54 @@ func (a *outboxActor) finish(m *sent) {
 	}
 	if v.permanent {
 		log.Warn().Err(m.err).Msg("Delivery failed permanently")
-		delete(a.backoff, k)
+		a.forget(k)
 		return
 	}
 	log.Info().Err(m.err).Msg("Delivery will be retried")
 	a.delay(k, v.after)
+}
+
+// forget drops what the actor holds for a finished row (acknowledged,
+// retired or failed for good): a long-running principal sends without end,
+// and only the rows still owed may cost memory.
+func (a *outboxActor) forget(k key) {
+	delete(a.backoff, k)
+	delete(a.mine, k)
+	delete(a.missed, k)
+}
+
+// prune forgets every row not in owed.
+func (a *outboxActor) prune(owed map[key]struct{}) {
+	for k := range a.mine {
+		if _, ok := owed[k]; !ok {
+			delete(a.mine, k)
+		}
+	}
+	for k := range a.missed {
+		if _, ok := owed[k]; !ok {
+			delete(a.missed, k)
+		}
+	}
+	for k := range a.backoff {
+		if _, ok := owed[k]; !ok {
+			delete(a.backoff, k)
+		}
+	}
+}
+
+// tracked counts the rows the actor holds state for.
+func (a *outboxActor) tracked() int {
+	rows := make(map[key]struct{}, len(a.backoff)+len(a.mine)+len(a.missed))
+	for k := range a.mine {
+		rows[k] = struct{}{}
+	}
+	for k := range a.missed {
+		rows[k] = struct{}{}
+	}
+	for k := range a.backoff {
+		rows[k] = struct{}{}
+	}
+	return len(rows)
 }
 
 // delay puts a row in backoff: the server's delay when it named one, else

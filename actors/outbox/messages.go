@@ -25,4 +25,8 @@ type (
 
 	// retryDue wakes the actor when the earliest backoff has passed.
 	retryDue struct{}
+
+	// trackedRows asks how many rows the actor holds state for; it is
+	// answered with an int.
+	trackedRows struct{}
 )
