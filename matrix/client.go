@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -83,11 +84,29 @@ func (c Config) MarshalJSON() ([]byte, error) {
 func (c Config) GoString() string { return c.String() }
 
 // Client is one agent's logged-in connection to its homeserver.
+//
+// The access token is kept here, not in mautrix's client, and set on each
+// request: a re-login replaces it while other requests are under way.
 type Client struct {
 	mx            *mautrix.Client
 	agent         string
 	log           zerolog.Logger
 	deviceChanged bool
+	// cfg and path serve a re-login: the password and the session file.
+	cfg  Config
+	path string
+
+	mu       sync.Mutex
+	token    string
+	deviceID string
+	// session counts the re-logins of this run.
+	session uint64
+
+	// relogging serialises re-logins, so a refusal seen by several
+	// requests at once logs in once.
+	relogging sync.Mutex
+	// warned is set once a refused token without a password was logged.
+	warned bool
 }
 
 // Login connects cfg's agent, keeping the device of its previous run.
@@ -121,9 +140,9 @@ func Login(ctx context.Context, cfg Config) (*Client, error) {
 	if mx.Client == nil {
 		mx.Client = &http.Client{}
 	}
-	c := &Client{mx: mx, agent: cfg.Agent, log: cfg.Log}
-
 	path := sessionPath(cfg.StorageDir, cfg.Agent)
+	c := &Client{mx: mx, agent: cfg.Agent, log: cfg.Log, cfg: cfg, path: path}
+
 	stored, err := readSession(path)
 	if err != nil {
 		return nil, err
@@ -157,8 +176,7 @@ func (c *Client) establish(ctx context.Context, cfg Config, stored session) (ses
 		if token == "" || (i > 0 && token == cfg.AccessToken) {
 			continue
 		}
-		c.mx.AccessToken = token
-		userID, deviceID, err := c.WhoAmI(ctx)
+		userID, deviceID, err := c.whoAmI(ctx, token)
 		switch {
 		case errors.Is(err, ErrInvalidToken):
 			continue
@@ -174,42 +192,116 @@ func (c *Client) establish(ctx context.Context, cfg Config, stored session) (ses
 	if cfg.Password == "" {
 		return session{}, fmt.Errorf("the configured access token was refused and no password is configured: %w", ErrInvalidToken)
 	}
-	c.mx.AccessToken = ""
+	now, err := c.passwordLogin(ctx, stored.DeviceID)
+	if err != nil {
+		return session{}, err
+	}
+	return c.adopt(now.UserID, now.DeviceID, now.AccessToken), nil
+}
+
+// passwordLogin logs in with the configured password, naming deviceID so
+// the server keeps that device.
+func (c *Client) passwordLogin(ctx context.Context, deviceID string) (session, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := c.mx.Login(quiet(ctx), &mautrix.ReqLogin{
 		Type:                     mautrix.AuthTypePassword,
-		Identifier:               mautrix.UserIdentifier{Type: mautrix.IdentifierTypeUser, User: cfg.UserID},
-		Password:                 cfg.Password,
-		DeviceID:                 id.DeviceID(stored.DeviceID),
-		InitialDeviceDisplayName: "mindroomd " + cfg.Agent,
+		Identifier:               mautrix.UserIdentifier{Type: mautrix.IdentifierTypeUser, User: c.cfg.UserID},
+		Password:                 c.cfg.Password,
+		DeviceID:                 id.DeviceID(deviceID),
+		InitialDeviceDisplayName: "mindroomd " + c.cfg.Agent,
 	})
 	if err != nil {
 		return session{}, fmt.Errorf("log in with password: %w", mapError(err))
 	}
 	switch {
-	case resp.UserID.String() != cfg.UserID:
-		return session{}, fmt.Errorf("%w: logged in as %s, not %s", ErrWrongUser, resp.UserID, cfg.UserID)
+	case resp.UserID.String() != c.cfg.UserID:
+		return session{}, fmt.Errorf("%w: logged in as %s, not %s", ErrWrongUser, resp.UserID, c.cfg.UserID)
 	case resp.AccessToken == "" || resp.DeviceID == "":
 		return session{}, errors.New("log in with password: the homeserver returned no token or device")
 	}
-	return c.adopt(resp.UserID.String(), resp.DeviceID.String(), resp.AccessToken), nil
+	return session{UserID: resp.UserID.String(), DeviceID: resp.DeviceID.String(), AccessToken: resp.AccessToken}, nil
 }
 
 func (c *Client) adopt(userID, deviceID, token string) session {
-	c.mx.UserID, c.mx.DeviceID, c.mx.AccessToken = id.UserID(userID), id.DeviceID(deviceID), token
+	c.mx.UserID = id.UserID(userID)
+	c.mu.Lock()
+	c.deviceID, c.token = deviceID, token
+	c.mu.Unlock()
 	return session{UserID: userID, DeviceID: deviceID, AccessToken: token}
+}
+
+// relogin replaces a token the homeserver refused (M_UNKNOWN_TOKEN: the
+// session was signed out, the password reset) by a password login naming
+// the device, and keeps the new token in the session file. refused is the
+// session whose token was refused: when another request has logged in
+// again since, its token is used instead. Without a password there is
+// nothing to log in with: the refusal is logged once and returned.
+func (c *Client) relogin(ctx context.Context, refused uint64) error {
+	c.relogging.Lock()
+	defer c.relogging.Unlock()
+	c.mu.Lock()
+	current, deviceID := c.session, c.deviceID
+	c.mu.Unlock()
+	if current != refused {
+		return nil
+	}
+	if c.cfg.Password == "" {
+		if !c.warned {
+			c.warned = true
+			c.log.Error().Str("agent", c.agent).Str("device_id", deviceID).
+				Msg("The homeserver refused the access token and no password is configured: nothing is synced or sent until the daemon is restarted with a valid token; replies stay owed")
+		}
+		return errors.New("no password is configured to log in again")
+	}
+	now, err := c.passwordLogin(ctx, deviceID)
+	if err != nil {
+		return err
+	}
+	if err := writeSession(c.path, now); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.token, c.deviceID = now.AccessToken, now.DeviceID
+	c.session++
+	c.mu.Unlock()
+	if now.DeviceID != deviceID {
+		c.deviceChanged = true
+		c.log.Warn().Str("agent", c.agent).Str("old_device_id", deviceID).Str("device_id", now.DeviceID).
+			Msg("Matrix device changed at a re-login: deliveries attempted from the old device will be reconciled before any resend")
+	} else {
+		c.log.Info().Str("agent", c.agent).Str("device_id", now.DeviceID).
+			Msg("The homeserver refused the access token; logged in again with the password on the same device")
+	}
+	return nil
 }
 
 // UserID is the logged-in user.
 func (c *Client) UserID() string { return c.mx.UserID.String() }
 
 // DeviceID is the device the client sends from.
-func (c *Client) DeviceID() string { return c.mx.DeviceID.String() }
+func (c *Client) DeviceID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deviceID
+}
+
+// Session counts the client's re-logins: each one is a new access token,
+// and a homeserver that keeps transaction IDs per token (Dendrite) no
+// longer deduplicates a send made under the old one.
+func (c *Client) Session() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.session
+}
 
 // DeviceChanged reports that the login ended on another device than the
 // one the session file named.
-func (c *Client) DeviceChanged() bool { return c.deviceChanged }
+func (c *Client) DeviceChanged() bool {
+	c.relogging.Lock()
+	defer c.relogging.Unlock()
+	return c.deviceChanged
+}
 
 // String names the client without its token.
 func (c *Client) String() string {
@@ -218,11 +310,22 @@ func (c *Client) String() string {
 
 // WhoAmI asks the server whose token this is.
 func (c *Client) WhoAmI(ctx context.Context) (userID, deviceID string, err error) {
-	var resp struct {
-		UserID   string `json:"user_id"`
-		DeviceID string `json:"device_id"`
-	}
+	var resp whoAmIResponse
 	if err := c.do(ctx, http.MethodGet, c.mx.BuildClientURL("v3", "account", "whoami"), nil, &resp); err != nil {
+		return "", "", fmt.Errorf("whoami: %w", err)
+	}
+	return resp.UserID, resp.DeviceID, nil
+}
+
+type whoAmIResponse struct {
+	UserID   string `json:"user_id"`
+	DeviceID string `json:"device_id"`
+}
+
+// whoAmI asks whose token is token, one the login is still deciding on.
+func (c *Client) whoAmI(ctx context.Context, token string) (userID, deviceID string, err error) {
+	var resp whoAmIResponse
+	if err := c.request(ctx, token, http.MethodGet, c.mx.BuildClientURL("v3", "account", "whoami"), nil, &resp); err != nil {
 		return "", "", fmt.Errorf("whoami: %w", err)
 	}
 	return resp.UserID, resp.DeviceID, nil
@@ -230,17 +333,41 @@ func (c *Client) WhoAmI(ctx context.Context) (userID, deviceID string, err error
 
 // do makes one request without retries (the caller owns its retry policy)
 // and decodes a 2xx body into out. body, when set, is sent exactly as
-// given.
+// given. A refused token is the one exception: the client logs in again
+// (relogin) and makes the request once more with the new token. The server
+// refused the first request, so nothing of it took effect, and a send
+// under the same transaction ID is still one event.
 func (c *Client) do(ctx context.Context, method, url string, body json.RawMessage, out any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, requestTimeout)
 		defer cancel()
 	}
-	req := mautrix.FullRequest{Method: method, URL: url, ResponseJSON: out, MaxAttempts: 1}
+	c.mu.Lock()
+	token, session := c.token, c.session
+	c.mu.Unlock()
+	err := c.request(ctx, token, method, url, body, out)
+	if !errors.Is(err, ErrInvalidToken) {
+		return err
+	}
+	if rerr := c.relogin(ctx, session); rerr != nil {
+		return fmt.Errorf("%w; log in again: %w", err, rerr)
+	}
+	c.mu.Lock()
+	token = c.token
+	c.mu.Unlock()
+	return c.request(ctx, token, method, url, body, out)
+}
+
+// request makes one request with token.
+func (c *Client) request(ctx context.Context, token, method, url string, body json.RawMessage, out any) error {
+	req := mautrix.FullRequest{Method: method, URL: url, ResponseJSON: out, MaxAttempts: 1, Headers: http.Header{}}
+	if token != "" {
+		req.Headers.Set("Authorization", "Bearer "+token)
+	}
 	if body != nil {
 		req.RequestBytes = body
-		req.Headers = http.Header{"Content-Type": {"application/json"}}
+		req.Headers.Set("Content-Type", "application/json")
 	}
 	_, err := c.mx.MakeFullRequest(quiet(ctx), req)
 	return mapError(err)

@@ -15,10 +15,16 @@ type Sender struct {
 	c *Client
 }
 
-var _ outbox.Sender = (*Sender)(nil)
+var (
+	_ outbox.Sender   = (*Sender)(nil)
+	_ outbox.Sessions = (*Sender)(nil)
+)
 
 // NewSender returns the outbox's sender over c.
 func NewSender(c *Client) *Sender { return &Sender{c: c} }
+
+// Session counts the client's re-logins (outbox.Sessions).
+func (s *Sender) Session() uint64 { return s.c.Session() }
 
 // Send puts the delivery's wire content into its room under its frozen
 // transaction ID, then fetches the event to learn the server's timestamp,

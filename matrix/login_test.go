@@ -70,23 +70,34 @@ func TestAPasswordLoginIsReusedAfterARestartFromAPrivateSessionFile(t *testing.T
 }
 
 // Dendrite deletes a device on logout, yet a password login naming the
-// stored device ID brings the same ID back: the agent keeps its device.
+// stored device ID brings the same ID back: the agent keeps its device,
+// whether its token is refused while it runs or at the next start.
 func TestARevokedTokenIsReplacedByAPasswordLoginOnTheSameDevice(t *testing.T) {
 	acct := register(t)
 	cfg := config(t, acct)
 	first := login(t, cfg)
 	_, _, revoked := storedSession(t, cfg)
 	logout(t, revoked)
-	if _, _, err := first.WhoAmI(t.Context()); !errors.Is(err, matrix.ErrInvalidToken) {
-		t.Fatalf("whoami with a revoked token: %v, want ErrInvalidToken", err)
+	// Refused while running: the client logs in again and is answered.
+	if _, device, err := first.WhoAmI(t.Context()); err != nil || device != first.DeviceID() {
+		t.Fatalf("whoami after the revocation = %s, %v; want %s after a new login", device, err, first.DeviceID())
+	}
+	if first.Session() != 1 || first.DeviceChanged() {
+		t.Errorf("session %d (device changed: %t), want one re-login on the same device", first.Session(), first.DeviceChanged())
+	}
+	_, deviceID, token := storedSession(t, cfg)
+	if token == revoked || deviceID != first.DeviceID() {
+		t.Fatalf("session file kept the revoked token or lost the device (%s)", deviceID)
 	}
 
+	// Refused at the next start.
+	logout(t, token)
 	again := login(t, cfg)
 	if again.DeviceID() != first.DeviceID() || again.DeviceChanged() {
 		t.Errorf("after the revocation: device %s (changed: %t), want %s kept", again.DeviceID(), again.DeviceChanged(), first.DeviceID())
 	}
-	_, deviceID, token := storedSession(t, cfg)
-	if token == revoked || deviceID != first.DeviceID() {
+	_, deviceID, latest := storedSession(t, cfg)
+	if latest == token || deviceID != first.DeviceID() {
 		t.Errorf("session file kept the revoked token or lost the device (%s)", deviceID)
 	}
 	if _, _, err := again.WhoAmI(t.Context()); err != nil {

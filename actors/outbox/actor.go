@@ -103,7 +103,7 @@ func Props(d Deps) *actor.Props {
 		d.SettleDelay = DefaultSettleDelay
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &outboxActor{deps: d, backoff: make(map[key]backoff), mine: make(map[key]bool), missed: make(map[key]bool)}
+		return &outboxActor{deps: d, backoff: make(map[key]backoff), mine: make(map[key]uint64), missed: make(map[key]bool)}
 	}, actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
 }
 
@@ -121,8 +121,14 @@ type outboxActor struct {
 	deps    Deps
 	backoff map[key]backoff
 	// mine are the rows this run may send again without searching the room
-	// first: those it claimed itself, or found missing from the room.
-	mine map[key]bool
+	// first: those it claimed itself, or found missing from the room, each
+	// with the sender's session then. A row of an earlier session is
+	// searched for like an earlier run's: the server may have forgotten its
+	// transaction ID with the old token.
+	mine map[key]uint64
+	// tokenRefused is set once a send refused for its access token was
+	// logged, until a send goes through.
+	tokenRefused bool
 	// missed are the rows a first search did not find: the next search,
 	// after SettleDelay, decides.
 	missed   map[key]bool
@@ -247,7 +253,7 @@ func (a *outboxActor) pump(ctx actor.Context) {
 // blocks the rows behind it.
 func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
 	k := key{row.DeliveryID, row.Stage}
-	if row.State == journal.DeliveryAttempted && !a.mine[k] {
+	if row.State == journal.DeliveryAttempted && !a.isMine(k) {
 		// Sent by an earlier run, with an unknown outcome. From another
 		// device it must be looked for before it is sent again. From this
 		// one, the server's deduplication may also have forgotten the
@@ -276,7 +282,7 @@ func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
 		a.delay(k, 0)
 		return false
 	}
-	a.mine[k] = true
+	a.mine[k] = a.session()
 	a.observe(Claimed, d)
 	content, err := journal.WireContent(d)
 	if err != nil {
@@ -350,11 +356,11 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 			return
 		}
 		delete(a.missed, k)
-		a.mine[k] = true
+		a.mine[k] = a.session()
 		a.observe(Adopted, d)
 	default:
 		delete(a.missed, k)
-		a.mine[k] = true
+		a.mine[k] = a.session()
 	}
 }
 
@@ -368,6 +374,7 @@ func (a *outboxActor) finish(m *sent) {
 		switch {
 		case err == nil:
 			a.forget(k)
+			a.tokenRefused = false
 			a.observe(Acknowledged, d)
 			return
 		case errors.Is(err, journal.ErrInvalidArgument):
@@ -396,8 +403,32 @@ func (a *outboxActor) finish(m *sent) {
 		a.forget(k)
 		return
 	}
-	log.Info().Err(m.err).Msg("Delivery will be retried")
+	switch {
+	case !v.tokenRefused:
+		log.Info().Err(m.err).Msg("Delivery will be retried")
+	case !a.tokenRefused:
+		a.tokenRefused = true
+		log.Warn().Err(m.err).Msg("The homeserver refused the access token: deliveries stay owed and go out once a login is accepted")
+	default:
+		log.Debug().Err(m.err).Msg("Delivery still waits for an accepted login")
+	}
 	a.delay(k, v.after)
+}
+
+// session is the sender's current session (0 for a sender that never logs
+// in again).
+func (a *outboxActor) session() uint64 {
+	if s, ok := a.deps.Sender.(Sessions); ok {
+		return s.Session()
+	}
+	return 0
+}
+
+// isMine reports whether row k may be sent again without a search: this
+// run claimed it, under the session still current.
+func (a *outboxActor) isMine(k key) bool {
+	s, ok := a.mine[k]
+	return ok && s == a.session()
 }
 
 // forget drops what the actor holds for a finished row (acknowledged,

@@ -19,6 +19,15 @@ type Sender interface {
 	Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error)
 }
 
+// Sessions is implemented by a Sender that logs in again while it runs
+// (after the homeserver refused its access token). Session counts those
+// logins. Dendrite keeps transaction IDs per access token, so a row sent
+// under an earlier session is looked for in the room before it is sent
+// again, as a row of an earlier run is.
+type Sessions interface {
+	Session() uint64
+}
+
 // Reconciler looks for a delivery in its room's recent history, as sent by
 // the agent. Homeservers deduplicate transaction IDs per device, and Matrix
 // returns unsigned.transaction_id only to the sending device, so after a
@@ -68,11 +77,16 @@ type verdict struct {
 	permanent bool
 	// after is the server-mandated delay; zero means exponential backoff.
 	after time.Duration
+	// tokenRefused marks a 401: the send was refused for its access token
+	// (signed out, a password reset), not for what it sends.
+	tokenRefused bool
 }
 
-// judge classifies a send failure: a 429 waits as long as the server asks,
-// any other 4xx and an invalid event ID are permanent, and 5xx or a
-// network error retries with backoff.
+// judge classifies a send failure: a 429 waits as long as the server asks;
+// a 401 (M_UNKNOWN_TOKEN) stays owed and retries with backoff, since the
+// delivery itself was not refused and goes out once a login is accepted;
+// any other 4xx and an invalid event ID are permanent; and 5xx or a network
+// error retries with backoff.
 func judge(err error) verdict {
 	if errors.Is(err, ErrInvalidEventID) {
 		return verdict{permanent: true}
@@ -84,6 +98,8 @@ func judge(err error) verdict {
 	switch {
 	case se.Status == 429:
 		return verdict{after: se.RetryAfter}
+	case se.Status == 401:
+		return verdict{tokenRefused: true}
 	case se.Status >= 400 && se.Status < 500:
 		return verdict{permanent: true}
 	}
