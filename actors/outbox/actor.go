@@ -403,6 +403,12 @@ func (a *outboxActor) finish(m *sent) {
 		a.forget(k)
 		return
 	}
+	if v.unanswered {
+		// The send may have reached the room. A homeserver that lost its
+		// memory of transaction IDs meanwhile (Dendrite keeps them in
+		// memory, per token) would make a blind resend a second event.
+		delete(a.mine, k)
+	}
 	switch {
 	case !v.tokenRefused:
 		log.Info().Err(m.err).Msg("Delivery will be retried")

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -196,5 +197,43 @@ func TestACutOffSendThatLandsAfterTheFirstSearchIsFoundNotSentAgain(t *testing.T
 	}
 	if got := srv.Searches(); got != 2 {
 		t.Errorf("searches = %d, want 2", got)
+	}
+}
+
+// A send that got no answer may have reached the room: when the homeserver
+// restarts meanwhile and forgets its transaction IDs (Dendrite keeps them
+// in memory), a blind resend in the same run would be a second event. The
+// row is looked for first, and the copy that landed is acknowledged.
+func TestAnUnansweredSendIsLookedForBeforeTheSameRunSendsItAgain(t *testing.T) {
+	h := newHarness(t)
+	v := h.principal("helper", "@bot:example.org")
+	srv := newFakeHomeserver("srv")
+	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "reply-1", Content: text("hello")})
+	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv; d.SettleDelay = 10 * time.Millisecond })
+	c := srv.next(h.ctx, t)
+	// The server stores the event and dies before it answers; it comes
+	// back without its memory of transaction IDs.
+	landed := srv.accept(c.Delivery, c.Content)
+	c.fail(h.ctx, t, &outbox.SendError{Status: 0, Err: io.ErrUnexpectedEOF})
+	srv.forgetTransactions()
+	// Any send again is accepted, as the restarted server would.
+	go func() {
+		for {
+			select {
+			case c := <-srv.calls:
+				c.reply <- nil
+				<-c.returned
+			case <-h.ctx.Done():
+				return
+			}
+		}
+	}()
+
+	a.waitFor(outbox.Acknowledged, "reply-1", journal.StageFinal)
+	if got := len(srv.Visible()); got != 1 {
+		t.Errorf("the room shows the reply %d times, want once", got)
+	}
+	if row := h.delivery(v, "reply-1", journal.StageFinal); row.EventID != landed.EventID {
+		t.Errorf("acknowledged %q, want the copy that landed, %q", row.EventID, landed.EventID)
 	}
 }

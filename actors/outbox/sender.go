@@ -80,6 +80,9 @@ type verdict struct {
 	// tokenRefused marks a 401: the send was refused for its access token
 	// (signed out, a password reset), not for what it sends.
 	tokenRefused bool
+	// unanswered marks a send that got no answer at all: it may have
+	// reached the room.
+	unanswered bool
 }
 
 // judge classifies a send failure: a 429 waits as long as the server asks;
@@ -93,9 +96,11 @@ func judge(err error) verdict {
 	}
 	var se *SendError
 	if !errors.As(err, &se) {
-		return verdict{}
+		return verdict{unanswered: true}
 	}
 	switch {
+	case se.Status == 0:
+		return verdict{unanswered: true}
 	case se.Status == 429:
 		return verdict{after: se.RetryAfter}
 	case se.Status == 401:
