@@ -46,9 +46,12 @@ const (
 	MaxWait = 300 * time.Second
 	// MaxReplyBytes bounds a reply request's body.
 	MaxReplyBytes = 64 << 10
-	// DefaultMaxStreams caps concurrent pending streams when Deps gives no
-	// cap.
+	// DefaultMaxStreams caps each agent's concurrent pending streams when
+	// Deps gives no cap.
 	DefaultMaxStreams = 64
+	// DefaultStreamWriteTimeout bounds one write to a pending stream when
+	// Deps gives no bound.
+	DefaultStreamWriteTimeout = 30 * time.Second
 	// DefaultHeartbeat spaces the comments that keep an idle stream open
 	// through proxies.
 	DefaultHeartbeat = 15 * time.Second
@@ -94,9 +97,15 @@ type Deps struct {
 	// CursorKey authenticates conversation cursors. When empty a random key
 	// is drawn, so cursors do not outlive the process.
 	CursorKey []byte
-	// MaxStreams caps concurrent pending streams (default
-	// DefaultMaxStreams); past it a stream is refused with 503.
+	// MaxStreams caps each agent's concurrent pending streams (default
+	// DefaultMaxStreams); past it a stream is refused with 503. Each agent
+	// has its own cap, so one agent's clients cannot shut out another's.
 	MaxStreams int
+	// StreamWriteTimeout bounds each write (and flush) to a pending stream
+	// (default DefaultStreamWriteTimeout): a client that stops reading is
+	// disconnected rather than holding its stream, and its place under
+	// the cap, forever.
+	StreamWriteTimeout time.Duration
 	// Heartbeat spaces stream keep-alive comments (default
 	// DefaultHeartbeat).
 	Heartbeat time.Duration
@@ -109,12 +118,14 @@ type server struct {
 	// replies serializes each agent's replies: the check for an earlier
 	// answer and the enqueue of this one must not interleave with another
 	// reply's, or two different answers could both be taken.
-	replies    map[string]*sync.Mutex
-	log        zerolog.Logger
-	cursors    journal.CursorCodec
-	streams    chan struct{}
-	heartbeat  time.Duration
-	exportPage int
+	replies map[string]*sync.Mutex
+	log     zerolog.Logger
+	cursors journal.CursorCodec
+	// streams holds each agent's open pending streams, up to its cap.
+	streams      map[string]chan struct{}
+	writeTimeout time.Duration
+	heartbeat    time.Duration
+	exportPage   int
 }
 
 // New returns the API's handler.
@@ -137,7 +148,14 @@ func New(deps Deps) http.Handler {
 	if deps.MaxStreams <= 0 {
 		deps.MaxStreams = DefaultMaxStreams
 	}
-	s.streams = make(chan struct{}, deps.MaxStreams)
+	s.streams = make(map[string]chan struct{}, len(s.agents))
+	for name := range s.agents {
+		s.streams[name] = make(chan struct{}, deps.MaxStreams)
+	}
+	s.writeTimeout = deps.StreamWriteTimeout
+	if s.writeTimeout <= 0 {
+		s.writeTimeout = DefaultStreamWriteTimeout
+	}
 	if s.heartbeat <= 0 {
 		s.heartbeat = DefaultHeartbeat
 	}

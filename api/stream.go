@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -13,8 +14,10 @@ const streamPage = 100
 // stream serves the principal's pending work as server-sent events: one
 // event per pending item, its receipt position as the event ID, then each
 // item a commit adds. A client resumes behind the last item it saw with
-// Last-Event-ID (or ?after=). Streams are capped: past the cap the client
-// is told to come back later.
+// Last-Event-ID (or ?after=). Each agent's streams are capped: past the
+// cap the client is told to come back later. Every write has a deadline, so
+// a client that stops reading loses its stream instead of keeping its
+// place under the cap.
 func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a Agent) {
 	var (
 		after int64
@@ -28,9 +31,10 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 	if !ok {
 		return
 	}
+	streams := s.streams[name]
 	select {
-	case s.streams <- struct{}{}:
-		defer func() { <-s.streams }()
+	case streams <- struct{}{}:
+		defer func() { <-streams }()
 	default:
 		w.Header().Set("Retry-After", "5")
 		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "too many pending streams are open")
@@ -46,8 +50,27 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	// A write deadline is on the connection's clock, the wall clock. It is
+	// renewed before each page and heartbeat. A writer that cannot take one
+	// (a wrapper that hides the connection) is served without.
+	deadlines := true
+	renew := func() bool {
+		if !deadlines {
+			return true
+		}
+		err := rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+		if errors.Is(err, http.ErrNotSupported) {
+			deadlines = false
+			s.log.Warn().Str("agent", name).Msg("Pending stream writes cannot have a deadline; a client that stops reading keeps its stream")
+			return true
+		}
+		return err == nil
+	}
+	if !renew() {
+		return
+	}
+	w.WriteHeader(http.StatusOK)
 	if rc.Flush() != nil {
 		return
 	}
@@ -56,6 +79,9 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 	var buf []byte
 	for {
 		for {
+			if !renew() {
+				return
+			}
 			items, next, err := readPending(ctx, a.Store, streamPage, after)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -91,6 +117,9 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 		select {
 		case <-sub.C():
 		case <-heartbeat.C:
+			if !renew() {
+				return
+			}
 			if _, err := w.Write([]byte(": keepalive\n\n")); err != nil || rc.Flush() != nil {
 				return
 			}
