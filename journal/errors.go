@@ -1,6 +1,10 @@
 package journal
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"time"
+)
 
 // Sentinel errors shared by every backend, so callers can branch with
 // errors.Is regardless of which storage answered.
@@ -46,3 +50,20 @@ func (e *EventError) Error() string { return "invalid event: " + e.Field + ": " 
 func (e *EventError) Unwrap() error { return ErrInvalidEvent }
 
 func eventErr(field, reason string) error { return &EventError{Field: field, Reason: reason} }
+
+// SendError is a failed send of a delivery, with the homeserver's
+// answer: the transport reports it, the outbox decides from it whether to
+// retry.
+type SendError struct {
+	// Status is the HTTP status; 0 for a network error.
+	Status int
+	// RetryAfter is the server's retry_after_ms on a 429.
+	RetryAfter time.Duration
+	Err        error
+}
+
+// Error implements error.
+func (e *SendError) Error() string { return fmt.Sprintf("send: status %d: %v", e.Status, e.Err) }
+
+// Unwrap returns the underlying error.
+func (e *SendError) Unwrap() error { return e.Err }

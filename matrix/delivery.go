@@ -6,24 +6,18 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
-// Sender sends deliveries for the outbox (outbox.Sender).
+// Sender sends deliveries for the outbox (its Sender and Sessions ports).
 type Sender struct {
 	c *Client
 }
 
-var (
-	_ outbox.Sender   = (*Sender)(nil)
-	_ outbox.Sessions = (*Sender)(nil)
-)
-
 // NewSender returns the outbox's sender over c.
 func NewSender(c *Client) *Sender { return &Sender{c: c} }
 
-// Session counts the client's re-logins (outbox.Sessions).
+// Session counts the client's re-logins (the outbox's Sessions port).
 func (s *Sender) Session() uint64 { return s.c.Session() }
 
 // Send puts the delivery's wire content into its room under its frozen
@@ -71,9 +65,9 @@ func (s *Sender) fetchSent(ctx context.Context, room, eventID string) (json.RawM
 func sendError(err error) error {
 	var he *HTTPError
 	if errors.As(err, &he) {
-		return &outbox.SendError{Status: he.Status, RetryAfter: he.RetryAfter, Err: err}
+		return &journal.SendError{Status: he.Status, RetryAfter: he.RetryAfter, Err: err}
 	}
-	return &outbox.SendError{Err: err}
+	return &journal.SendError{Err: err}
 }
 
 // DefaultReconcileWindow is how many of a room's most recent events a
@@ -87,7 +81,7 @@ const DefaultReconcileWindow = 500
 const reconcilePage = 100
 
 // Reconciler looks for a delivery's copy in its room by the delivery
-// marker in its content (outbox.Reconciler). The homeserver's transaction
+// marker in its content (the outbox's Reconciler port). The homeserver's transaction
 // ID dedup is per device, and only the sending device sees
 // unsigned.transaction_id, so after a device change the marker is the only
 // sure sign a send went through.
@@ -97,8 +91,6 @@ type Reconciler struct {
 	// (DefaultReconcileWindow).
 	Window int
 }
-
-var _ outbox.Reconciler = (*Reconciler)(nil)
 
 // NewReconciler returns the outbox's reconciler over c.
 func NewReconciler(c *Client) *Reconciler {

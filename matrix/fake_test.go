@@ -14,7 +14,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 )
@@ -92,7 +91,7 @@ func TestSendFailuresReachTheOutboxWithTheServersAnswer(t *testing.T) {
 		t.Run(tc.txn, func(t *testing.T) {
 			d := journal.Delivery{DeliveryID: "d", Stage: journal.StageFinal, RoomID: "!r:fake", TxnID: tc.txn, EventType: "m.room.message"}
 			_, err := matrix.NewSender(c).Send(t.Context(), d, json.RawMessage(`{"body":"x"}`))
-			var se *outbox.SendError
+			var se *journal.SendError
 			if !errors.As(err, &se) || se.Status != tc.status || se.RetryAfter != tc.retryAfter {
 				t.Fatalf("send: %v, want a SendError with status %d, retry after %s", err, tc.status, tc.retryAfter)
 			}
@@ -113,7 +112,7 @@ func TestASendThatNeverGotAnAnswerIsStatusZero(t *testing.T) {
 	s.Close()
 	d := journal.Delivery{DeliveryID: "d", Stage: journal.StageFinal, RoomID: "!r:fake", TxnID: "t", EventType: "m.room.message"}
 	_, err := matrix.NewSender(c).Send(t.Context(), d, json.RawMessage(`{"body":"x"}`))
-	var se *outbox.SendError
+	var se *journal.SendError
 	if !errors.As(err, &se) || se.Status != 0 {
 		t.Fatalf("send to a closed server: %v, want a SendError with status 0", err)
 	}

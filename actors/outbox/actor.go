@@ -287,7 +287,7 @@ func (a *outboxActor) start(ctx actor.Context, row journal.Delivery) bool {
 	content, err := journal.WireContent(d)
 	if err != nil {
 		// A frozen payload that cannot be read will never send.
-		a.finish(&sent{delivery: d, err: &SendError{Status: 400, Err: err}})
+		a.finish(&sent{delivery: d, err: &journal.SendError{Status: 400, Err: err}})
 		return false
 	}
 	a.inFlight = true

@@ -169,7 +169,7 @@ func (f *fakeHomeserver) Send(ctx context.Context, d journal.Delivery, content j
 	select {
 	case err = <-c.reply:
 	case <-ctx.Done():
-		err = &outbox.SendError{Err: ctx.Err()}
+		err = &journal.SendError{Err: ctx.Err()}
 	}
 	var rec journal.Sent
 	if err == nil {
@@ -527,7 +527,7 @@ func TestRateLimitedSendWaitsTheServersRetryAfter(t *testing.T) {
 	a := h.spawn(v, srv, nil)
 
 	first := srv.next(h.ctx, t)
-	failedAt := first.fail(h.ctx, t, &outbox.SendError{Status: 429, RetryAfter: retryAfter, Err: errors.New("M_LIMIT_EXCEEDED")})
+	failedAt := first.fail(h.ctx, t, &journal.SendError{Status: 429, RetryAfter: retryAfter, Err: errors.New("M_LIMIT_EXCEEDED")})
 	retry := srv.next(h.ctx, t)
 	if gap := retry.At.Sub(failedAt); gap < retryAfter {
 		t.Errorf("retried %v after the 429, want at least %v", gap, retryAfter)
@@ -553,9 +553,9 @@ func TestServerAndNetworkErrorsRetryWithBackoffUnderTheSameTxnID(t *testing.T) {
 		err       error
 		lastError string // what the row records afterwards
 	}{
-		{&outbox.SendError{Status: 500, Err: errors.New("M_UNKNOWN")}, "status 500"},
-		{&outbox.SendError{Status: 0, Err: io.ErrUnexpectedEOF}, "status 0"},
-		{&outbox.SendError{Status: 502, Err: errors.New("bad gateway")}, "status 502"},
+		{&journal.SendError{Status: 500, Err: errors.New("M_UNKNOWN")}, "status 500"},
+		{&journal.SendError{Status: 0, Err: io.ErrUnexpectedEOF}, "status 0"},
+		{&journal.SendError{Status: 502, Err: errors.New("bad gateway")}, "status 502"},
 		{errors.New("connection reset by peer"), "connection reset"},
 	}
 	var failedAt time.Time
@@ -615,7 +615,7 @@ func TestAPermanentFailureIsRecordedAndNeverResent(t *testing.T) {
 			name:   "forbidden",
 			server: "srv",
 			answer: func(ctx context.Context, t *testing.T, c *sendCall) {
-				c.fail(ctx, t, &outbox.SendError{Status: 403, Err: errors.New("M_FORBIDDEN")})
+				c.fail(ctx, t, &journal.SendError{Status: 403, Err: errors.New("M_FORBIDDEN")})
 			},
 			lastError: "403",
 		},
@@ -811,7 +811,7 @@ func TestAFailingDeliveryDoesNotBlockTheRestOfThePrincipal(t *testing.T) {
 	if got, want := c.Delivery.DeliveryID, "stuck"; got != want {
 		t.Fatalf("first send = %q, want the oldest row %q", got, want)
 	}
-	c.fail(h.ctx, t, &outbox.SendError{Status: 503, Err: errors.New("unavailable")})
+	c.fail(h.ctx, t, &journal.SendError{Status: 503, Err: errors.New("unavailable")})
 	for _, id := range []string{"next-1", "next-2"} {
 		c := srv.next(h.ctx, t)
 		if got := c.Delivery.DeliveryID; got != id {
@@ -850,7 +850,7 @@ func TestMoreDeliveriesThanOneScanPageAreAllSent(t *testing.T) {
 			id := c.Delivery.DeliveryID
 			if limited[id] {
 				delete(limited, id)
-				c.fail(h.ctx, t, &outbox.SendError{Status: 429, RetryAfter: time.Hour, Err: errors.New("M_LIMIT_EXCEEDED")})
+				c.fail(h.ctx, t, &journal.SendError{Status: 429, RetryAfter: time.Hour, Err: errors.New("M_LIMIT_EXCEEDED")})
 				continue
 			}
 			acked[id] = c.accept(h.ctx, t)
@@ -949,7 +949,7 @@ func TestFinalWaitsForItsUnacknowledgedInitial(t *testing.T) {
 	if got, want := c.Delivery.Stage, journal.StageInitial; got != want {
 		t.Fatalf("first send stage = %v, want %v", got, want)
 	}
-	c.fail(h.ctx, t, &outbox.SendError{Status: 500, Err: errors.New("M_UNKNOWN")})
+	c.fail(h.ctx, t, &journal.SendError{Status: 500, Err: errors.New("M_UNKNOWN")})
 	// The initial's outcome is unknown, so the final may not go first: it
 	// would not know whether to edit.
 	c = srv.next(h.ctx, t)

@@ -822,7 +822,7 @@ func openRecordingServer(path string) (*recordingServer, error) {
 // Send implements outbox.Sender.
 func (s *recordingServer) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
 	if err := ctx.Err(); err != nil {
-		return journal.Sent{}, &outbox.SendError{Err: err}
+		return journal.Sent{}, &journal.SendError{Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -837,13 +837,13 @@ func (s *recordingServer) Send(ctx context.Context, d journal.Delivery, content 
 	r := serverRecord{Device: s.device, TxnID: d.TxnID, EventID: "$" + hex.EncodeToString(rnd[:]) + ":crash.example.org", Content: content}
 	line, err := json.Marshal(r)
 	if err != nil {
-		return journal.Sent{}, &outbox.SendError{Status: 400, Err: err}
+		return journal.Sent{}, &journal.SendError{Status: 400, Err: err}
 	}
 	if _, err := s.f.Write(append(line, '\n')); err != nil {
-		return journal.Sent{}, &outbox.SendError{Status: 500, Err: err}
+		return journal.Sent{}, &journal.SendError{Status: 500, Err: err}
 	}
 	if err := s.f.Sync(); err != nil {
-		return journal.Sent{}, &outbox.SendError{Status: 500, Err: err}
+		return journal.Sent{}, &journal.SendError{Status: 500, Err: err}
 	}
 	s.byTxn[k] = r.EventID
 	s.events++

@@ -157,7 +157,7 @@ func TestARowThisRunClaimedIsRetriedWithoutSearchingTheRoom(t *testing.T) {
 	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "reply-1", Content: text("hello")})
 	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Reconciler = srv })
 	c := srv.next(h.ctx, t)
-	c.fail(h.ctx, t, &outbox.SendError{Status: 502})
+	c.fail(h.ctx, t, &journal.SendError{Status: 502})
 	srv.next(h.ctx, t).accept(h.ctx, t)
 	a.waitFor(outbox.Acknowledged, "reply-1", journal.StageFinal)
 	if got := srv.Searches(); got != 0 {
@@ -214,7 +214,7 @@ func TestAnUnansweredSendIsLookedForBeforeTheSameRunSendsItAgain(t *testing.T) {
 	// The server stores the event and dies before it answers; it comes
 	// back without its memory of transaction IDs.
 	landed := srv.accept(c.Delivery, c.Content)
-	c.fail(h.ctx, t, &outbox.SendError{Status: 0, Err: io.ErrUnexpectedEOF})
+	c.fail(h.ctx, t, &journal.SendError{Status: 0, Err: io.ErrUnexpectedEOF})
 	srv.forgetTransactions()
 	// Any send again is accepted, as the restarted server would.
 	go func() {

@@ -37,11 +37,11 @@ func TestTheOutboxForgetsEveryRowOnceItIsFinished(t *testing.T) {
 		switch {
 		case i%5 == 1:
 			// Retried once before it goes through.
-			c.fail(h.ctx, t, &outbox.SendError{Status: 502, Err: errors.New("bad gateway")})
+			c.fail(h.ctx, t, &journal.SendError{Status: 502, Err: errors.New("bad gateway")})
 			c = srv.next(h.ctx, t)
 			c.accept(h.ctx, t)
 		case i%5 == 2:
-			c.fail(h.ctx, t, &outbox.SendError{Status: 403, Err: errors.New("M_FORBIDDEN")})
+			c.fail(h.ctx, t, &journal.SendError{Status: 403, Err: errors.New("M_FORBIDDEN")})
 			continue
 		default:
 			c.accept(h.ctx, t)

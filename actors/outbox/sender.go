@@ -38,21 +38,6 @@ type Reconciler interface {
 	Find(ctx context.Context, d journal.Delivery) (sent journal.Sent, found bool, err error)
 }
 
-// SendError is a failed send with the homeserver's answer.
-type SendError struct {
-	// Status is the HTTP status; 0 for a network error.
-	Status int
-	// RetryAfter is the server's retry_after_ms on a 429.
-	RetryAfter time.Duration
-	Err        error
-}
-
-// Error implements error.
-func (e *SendError) Error() string { return fmt.Sprintf("send: status %d: %v", e.Status, e.Err) }
-
-// Unwrap returns the underlying error.
-func (e *SendError) Unwrap() error { return e.Err }
-
 // ErrInvalidEventID is the outcome of a send the homeserver accepted but
 // answered with something that is not an event ID. The answer cannot be
 // recorded, and a resend under the same transaction ID brings it back, so
@@ -94,7 +79,7 @@ func judge(err error) verdict {
 	if errors.Is(err, ErrInvalidEventID) {
 		return verdict{permanent: true}
 	}
-	var se *SendError
+	var se *journal.SendError
 	if !errors.As(err, &se) {
 		return verdict{unanswered: true}
 	}

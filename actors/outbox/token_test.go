@@ -27,7 +27,7 @@ func TestASendRefusedForItsTokenStaysOwedAndGoesOutOnceALoginIsAccepted(t *testi
 	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Log = zerolog.New(logged) })
 	const refusals = 3
 	for i := range refusals {
-		srv.next(h.ctx, t).fail(h.ctx, t, &outbox.SendError{Status: 401, Err: errors.New("M_UNKNOWN_TOKEN")})
+		srv.next(h.ctx, t).fail(h.ctx, t, &journal.SendError{Status: 401, Err: errors.New("M_UNKNOWN_TOKEN")})
 		// Polling the row until the actor has recorded the refusal.
 		row := h.delivery(v, "reply-1", journal.StageFinal)
 		for row.LastError == "" && h.ctx.Err() == nil {

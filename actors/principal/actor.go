@@ -104,16 +104,16 @@ func Props(d Deps) *actor.Props {
 }
 
 type principalActor struct {
-	deps   Deps
-	log    zerolog.Logger
-	root   *actor.RootContext
+	deps Deps
+	log  zerolog.Logger
+	root *actor.RootContext
 	// members applies the principal's departures and joins in order.
 	members *membership
 	outbox  *actor.PID
 	// loopCtx is the loops' context, cancelled when the actor stops.
 	loopCtx context.Context
 	cancel  context.CancelFunc
-	loops  sync.WaitGroup
+	loops   sync.WaitGroup
 
 	// joins are the invites not accepted yet, by room (sync.go); joinWake
 	// tells the join loop of new ones.

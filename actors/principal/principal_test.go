@@ -426,7 +426,7 @@ func (l lostAcks) Send(ctx context.Context, d journal.Delivery, content json.Raw
 		case l.sent <- rec.EventID:
 		default:
 		}
-		err = &outbox.SendError{Err: errors.New("connection reset after the send")}
+		err = &journal.SendError{Err: errors.New("connection reset after the send")}
 	}
 	return journal.Sent{}, err
 }
