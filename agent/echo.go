@@ -1,4 +1,3 @@
-// Package agent holds the agent back-ends a principal hands its work to.
 package agent
 
 import (
@@ -6,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -15,19 +13,19 @@ import (
 // daemon answers.
 type Echo struct{}
 
-var _ principal.Agent = Echo{}
+var _ Agent = Echo{}
 
-// Answer implements principal.Agent.
-func (Echo) Answer(_ context.Context, turn principal.Turn) (principal.Reply, error) {
+// Answer implements Agent.
+func (Echo) Answer(_ context.Context, turn Turn) (Reply, error) {
 	if turn.Event.Kind != journal.KindMessage {
-		return principal.Reply{Ignore: true}, nil
+		return Reply{Ignore: true}, nil
 	}
 	body, err := Body(turn.Event.Event)
 	if err != nil {
-		return principal.Reply{}, fmt.Errorf("echo: %w", err)
+		return Reply{}, fmt.Errorf("echo: %w", err)
 	}
 	reply, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": "echo: " + body})
-	return principal.Reply{Content: reply}, err
+	return Reply{Content: reply}, err
 }
 
 // Body reads content.body of an event's canonical JSON, by its exact keys

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -23,7 +22,7 @@ func TestEchoAnswersATextMessageWithItsBody(t *testing.T) {
 		{"MediaIsIgnored", `{"content":{"body":"photo.png"}}`, journal.KindMedia, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := agent.Echo{}.Answer(context.Background(), principal.Turn{Event: journal.PendingEvent{Kind: c.kind, Event: json.RawMessage(c.event)}})
+			r, err := agent.Echo{}.Answer(context.Background(), agent.Turn{Event: journal.PendingEvent{Kind: c.kind, Event: json.RawMessage(c.event)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -44,7 +43,7 @@ func TestEchoAnswersATextMessageWithItsBody(t *testing.T) {
 }
 
 func TestEchoRefusesAnEventWhoseBodyIsNotText(t *testing.T) {
-	_, err := agent.Echo{}.Answer(context.Background(), principal.Turn{Event: journal.PendingEvent{Kind: journal.KindMessage,
+	_, err := agent.Echo{}.Answer(context.Background(), agent.Turn{Event: journal.PendingEvent{Kind: journal.KindMessage,
 		Event: json.RawMessage(`{"content":{"body":7}}`)}})
 	if err == nil {
 		t.Fatal("a numeric body was echoed")

@@ -17,7 +17,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -84,7 +83,7 @@ type Exec struct {
 	Log zerolog.Logger
 }
 
-var _ principal.Agent = Exec{}
+var _ Agent = Exec{}
 
 // ExecRequest is what an exec agent reads on stdin.
 type ExecRequest struct {
@@ -114,21 +113,21 @@ type ExecMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// Answer implements principal.Agent.
-func (e Exec) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+// Answer implements Agent.
+func (e Exec) Answer(ctx context.Context, turn Turn) (Reply, error) {
 	req, err := e.request(ctx, turn)
 	if err != nil {
-		return principal.Reply{}, fmt.Errorf("exec agent: %w", err)
+		return Reply{}, fmt.Errorf("exec agent: %w", err)
 	}
 	reply, err := e.run(ctx, req, turn.Event.EventID)
 	if err != nil {
-		return principal.Reply{}, fmt.Errorf("exec agent: %w", err)
+		return Reply{}, fmt.Errorf("exec agent: %w", err)
 	}
 	return reply, nil
 }
 
 // request builds the JSON the command reads on stdin.
-func (e Exec) request(ctx context.Context, turn principal.Turn) ([]byte, error) {
+func (e Exec) request(ctx context.Context, turn Turn) ([]byte, error) {
 	// Exact keys, as Body reads them: a struct decode would also take "SENDER".
 	var ev map[string]json.RawMessage
 	if err := json.Unmarshal(turn.Event.Event, &ev); err != nil {
@@ -174,9 +173,9 @@ func textBody(content json.RawMessage) string {
 }
 
 // run starts the command, feeds it the request and parses its reply.
-func (e Exec) run(ctx context.Context, req []byte, eventID string) (principal.Reply, error) {
+func (e Exec) run(ctx context.Context, req []byte, eventID string) (Reply, error) {
 	if len(e.Command) == 0 || e.Command[0] == "" {
-		return principal.Reply{}, errors.New("no command")
+		return Reply{}, errors.New("no command")
 	}
 	timeout := e.Timeout
 	if timeout <= 0 {
@@ -196,13 +195,13 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (principal.Re
 	stderr := &tailBuffer{max: execStderrTail}
 	pipes, err := newExecIO(cmd)
 	if err != nil {
-		return principal.Reply{}, err
+		return Reply{}, err
 	}
 
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		pipes.abandon()
-		return principal.Reply{}, err
+		return Reply{}, err
 	}
 	pipes.serve(req, stdout, stderr)
 	err = cmd.Wait()
@@ -215,17 +214,17 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (principal.Re
 	took := time.Since(start)
 	switch {
 	case runCtx.Err() != nil && ctx.Err() == nil:
-		return principal.Reply{}, withStderr(fmt.Errorf("%w after %s", ErrExecTimeout, timeout), stderr)
+		return Reply{}, withStderr(fmt.Errorf("%w after %s", ErrExecTimeout, timeout), stderr)
 	case ctx.Err() != nil:
-		return principal.Reply{}, ctx.Err()
+		return Reply{}, ctx.Err()
 	case err != nil:
-		return principal.Reply{}, withStderr(err, stderr)
+		return Reply{}, withStderr(err, stderr)
 	case stdout.over:
-		return principal.Reply{}, withStderr(fmt.Errorf("%w: stdout exceeds %d bytes", ErrExecReply, MaxExecOutput), stderr)
+		return Reply{}, withStderr(fmt.Errorf("%w: stdout exceeds %d bytes", ErrExecReply, MaxExecOutput), stderr)
 	}
 	reply, err := parseReply(stdout.buf.Bytes())
 	if err != nil {
-		return principal.Reply{}, withStderr(err, stderr)
+		return Reply{}, withStderr(err, stderr)
 	}
 	if held {
 		e.Log.Warn().Str("event_id", eventID).Dur("waited", execWaitDelay).
@@ -335,47 +334,47 @@ const jsonSpace = " \t\r\n"
 
 // parseReply accepts exactly one JSON object on stdout, holding either a
 // non-empty text "body" or "ignore": true, and nothing else.
-func parseReply(out []byte) (principal.Reply, error) {
+func parseReply(out []byte) (Reply, error) {
 	// JSON's own whitespace only: bytes.TrimSpace would also drop a
 	// vertical tab or a no-break space, taking output that is not JSON.
 	trimmed := bytes.Trim(out, jsonSpace)
 	if len(trimmed) == 0 {
-		return principal.Reply{}, fmt.Errorf("%w: empty stdout", ErrExecReply)
+		return Reply{}, fmt.Errorf("%w: empty stdout", ErrExecReply)
 	}
 	if trimmed[0] != '{' {
-		return principal.Reply{}, fmt.Errorf("%w: stdout is not a JSON object", ErrExecReply)
+		return Reply{}, fmt.Errorf("%w: stdout is not a JSON object", ErrExecReply)
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(trimmed, &obj); err != nil {
-		return principal.Reply{}, fmt.Errorf("%w: %w", ErrExecReply, err)
+		return Reply{}, fmt.Errorf("%w: %w", ErrExecReply, err)
 	}
 	for k := range obj {
 		if k != "body" && k != "ignore" {
-			return principal.Reply{}, fmt.Errorf("%w: unknown key %q", ErrExecReply, k)
+			return Reply{}, fmt.Errorf("%w: unknown key %q", ErrExecReply, k)
 		}
 	}
 	rawBody, hasBody := obj["body"]
 	rawIgnore, hasIgnore := obj["ignore"]
 	switch {
 	case hasBody && hasIgnore:
-		return principal.Reply{}, fmt.Errorf("%w: both body and ignore", ErrExecReply)
+		return Reply{}, fmt.Errorf("%w: both body and ignore", ErrExecReply)
 	case hasIgnore:
 		if string(rawIgnore) != "true" {
-			return principal.Reply{}, fmt.Errorf("%w: ignore is %s, not true", ErrExecReply, rawIgnore)
+			return Reply{}, fmt.Errorf("%w: ignore is %s, not true", ErrExecReply, rawIgnore)
 		}
-		return principal.Reply{Ignore: true}, nil
+		return Reply{Ignore: true}, nil
 	case hasBody:
 		var body string
 		if err := json.Unmarshal(rawBody, &body); err != nil {
-			return principal.Reply{}, fmt.Errorf("%w: body is not a string", ErrExecReply)
+			return Reply{}, fmt.Errorf("%w: body is not a string", ErrExecReply)
 		}
 		if body == "" {
-			return principal.Reply{}, fmt.Errorf("%w: empty body", ErrExecReply)
+			return Reply{}, fmt.Errorf("%w: empty body", ErrExecReply)
 		}
 		content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": body})
-		return principal.Reply{Content: content}, err
+		return Reply{Content: content}, err
 	}
-	return principal.Reply{}, fmt.Errorf("%w: neither body nor ignore", ErrExecReply)
+	return Reply{}, fmt.Errorf("%w: neither body nor ignore", ErrExecReply)
 }
 
 // withStderr appends the end of the command's stderr, where an agent says

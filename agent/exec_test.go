@@ -17,7 +17,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/testsupport"
@@ -97,7 +96,7 @@ const (
 
 // execTurn admits events into a real journal and returns the turn of the
 // pending event eventID, as the principal would offer it.
-func execTurn(t *testing.T, eventID string, evs ...mx.Ev) principal.Turn {
+func execTurn(t *testing.T, eventID string, evs ...mx.Ev) agent.Turn {
 	t.Helper()
 	ctx := context.Background()
 	s, _ := testsupport.MustOpen(t)
@@ -118,11 +117,11 @@ func execTurn(t *testing.T, eventID string, evs ...mx.Ev) principal.Turn {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return principal.Turn{Event: e, Thread: thread, Conversation: v}
+			return agent.Turn{Event: e, Thread: thread, Conversation: v}
 		}
 	}
 	t.Fatalf("%s is not pending", eventID)
-	return principal.Turn{}
+	return agent.Turn{}
 }
 
 // execAgent is the test binary run as an agent in mode.

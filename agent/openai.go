@@ -15,8 +15,6 @@ import (
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
-	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -91,8 +89,9 @@ type OpenAIOptions struct {
 	Model string
 	// APIKey, when set, is sent as a bearer token; local servers need none.
 	// The environment's OPENAI_API_KEY is never read: the key of a daemon
-	// that talks to several servers is the one configured for each.
-	APIKey config.Secret
+	// that talks to several servers is the one configured for each. It is
+	// never logged, and an error quoting it has it replaced.
+	APIKey string
 	// SystemPrompt, when set, opens every request.
 	SystemPrompt string
 	// ContextMessages is how many of the last visible messages of the
@@ -140,7 +139,7 @@ type OpenAI struct {
 	scrub func(string) string
 }
 
-var _ principal.Agent = (*OpenAI)(nil)
+var _ Agent = (*OpenAI)(nil)
 
 // NewOpenAI returns the agent o describes, its zero options given their
 // defaults. It makes no request: the server may well start after the
@@ -162,9 +161,9 @@ func NewOpenAI(o OpenAIOptions) *OpenAI {
 	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	opts := []option.RequestOption{option.WithBaseURL(o.BaseURL), option.WithHTTPClient(client), option.WithMaxRetries(0)}
 	scrub := func(s string) string { return s }
-	if key := o.APIKey.Reveal(); key != "" {
-		opts = append(opts, option.WithAPIKey(key))
-		scrub = func(s string) string { return strings.ReplaceAll(s, key, "[redacted]") }
+	if o.APIKey != "" {
+		opts = append(opts, option.WithAPIKey(o.APIKey))
+		scrub = func(s string) string { return strings.ReplaceAll(s, o.APIKey, "[redacted]") }
 	}
 	return &OpenAI{completions: openai.NewChatCompletionService(opts...), model: o.Model, system: o.SystemPrompt,
 		context: o.ContextMessages, stream: o.Stream, self: o.UserID, timeout: o.Timeout, now: o.Now, log: o.Log,
@@ -182,18 +181,18 @@ func (o *OpenAI) Placeholder() json.RawMessage {
 	return content
 }
 
-// Answer implements principal.Agent.
-func (o *OpenAI) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+// Answer implements Agent.
+func (o *OpenAI) Answer(ctx context.Context, turn Turn) (Reply, error) {
 	if turn.Event.Kind != journal.KindMessage {
-		return principal.Reply{Ignore: true}, nil
+		return Reply{Ignore: true}, nil
 	}
 	messages, asked, err := o.history(ctx, turn)
 	if err != nil {
-		return principal.Reply{}, fmt.Errorf("openai agent: %w", err)
+		return Reply{}, fmt.Errorf("openai agent: %w", err)
 	}
 	if !asked {
 		// A message without text (an empty body): nothing to answer.
-		return principal.Reply{Ignore: true}, nil
+		return Reply{Ignore: true}, nil
 	}
 	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
@@ -211,17 +210,17 @@ func (o *OpenAI) Answer(ctx context.Context, turn principal.Turn) (principal.Rep
 	}
 	switch {
 	case err != nil && runCtx.Err() != nil && ctx.Err() == nil:
-		return principal.Reply{}, fmt.Errorf("openai agent: %w after %s", ErrOpenAITimeout, o.timeout)
+		return Reply{}, fmt.Errorf("openai agent: %w after %s", ErrOpenAITimeout, o.timeout)
 	case err != nil && ctx.Err() != nil:
-		return principal.Reply{}, ctx.Err()
+		return Reply{}, ctx.Err()
 	case err != nil:
-		return principal.Reply{}, fmt.Errorf("openai agent: %w", err)
+		return Reply{}, fmt.Errorf("openai agent: %w", err)
 	case strings.TrimSpace(text) == "":
-		return principal.Reply{}, fmt.Errorf("openai agent: %w (finish reason %q)", ErrOpenAIEmpty, finish)
+		return Reply{}, fmt.Errorf("openai agent: %w (finish reason %q)", ErrOpenAIEmpty, finish)
 	}
 	content, truncated, err := o.content(text)
 	if err != nil {
-		return principal.Reply{}, fmt.Errorf("openai agent: %w", err)
+		return Reply{}, fmt.Errorf("openai agent: %w", err)
 	}
 	o.log.Debug().Str("event_id", turn.Event.EventID).Dur("took", o.now().Sub(start)).Int("history", len(messages)).
 		Int("answer_bytes", len(text)).Str("finish_reason", finish).Int("progress_edits", progress).Msg("Model answered")
@@ -229,7 +228,7 @@ func (o *OpenAI) Answer(ctx context.Context, turn principal.Turn) (principal.Rep
 		o.log.Warn().Str("event_id", turn.Event.EventID).Int("answer_bytes", len(text)).
 			Msg("The model's answer is larger than one message; it was cut short")
 	}
-	return principal.Reply{Content: content}, nil
+	return Reply{Content: content}, nil
 }
 
 // answer asks for the whole answer at once.
@@ -353,7 +352,7 @@ func clip(s string, n int) string {
 // event, oldest first. The agent's own are the assistant's; messages
 // without text (chatText) are left out. asked is false when the event
 // itself has none.
-func (o *OpenAI) history(ctx context.Context, turn principal.Turn) (_ []openai.ChatCompletionMessageParamUnion, asked bool, _ error) {
+func (o *OpenAI) history(ctx context.Context, turn Turn) (_ []openai.ChatCompletionMessageParamUnion, asked bool, _ error) {
 	ts, err := eventTS(turn.Event.Event)
 	if err != nil {
 		return nil, false, err

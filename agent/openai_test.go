@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,9 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/agent"
-	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport/modelstub"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
@@ -51,37 +47,13 @@ func newOpenAI(t *testing.T, s *modelstub.Server, change func(*agent.OpenAIOptio
 
 // secret reads value back as the configuration's secret type, from a file
 // as the daemon does.
-func secret(t *testing.T, value string) config.Secret {
-	t.Helper()
-	dir := t.TempDir()
-	for name, v := range map[string]string{"pw": "pw", "key": value} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg, err := config.Parse([]byte(`homeserver: http://127.0.0.1:1
-agents:
-  - name: a
-    user_id: "@a:localhost"
-    password_file: pw
-    backend:
-      type: openai
-      base_url: http://127.0.0.1:2/v1
-      model: m
-      api_key_file: key
-`), dir, func(string) (string, bool) { return "", false })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg.Agents[0].Backend.OpenAI.APIKey
-}
 
 func text(s string) func(modelstub.Request) modelstub.Reply {
 	return func(modelstub.Request) modelstub.Reply { return modelstub.Reply{Text: s} }
 }
 
 // body reads a reply's msgtype, body and stream status.
-func replyBody(t *testing.T, reply principal.Reply) (msgtype, body, status string) {
+func replyBody(t *testing.T, reply agent.Reply) (msgtype, body, status string) {
 	t.Helper()
 	var c map[string]string
 	if err := json.Unmarshal(reply.Content, &c); err != nil {
@@ -107,7 +79,7 @@ func TestOpenAISendsTheConversationUpToTheEventAsTheModelsRoles(t *testing.T) {
 	a := newOpenAI(t, model, func(o *agent.OpenAIOptions) {
 		o.SystemPrompt = "You are terse."
 		o.ContextMessages = 6
-		o.APIKey = secret(t, "sk-test-key")
+		o.APIKey = "sk-test-key"
 	})
 	reply, err := a.Answer(context.Background(), turn)
 	if err != nil {
@@ -321,7 +293,7 @@ func TestOpenAIFailsTheTurnOnARefusalOrACutStreamAndAsksOnce(t *testing.T) {
 			turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
 			var shown []string
 			turn.Progress = func(_ context.Context, text string) { shown = append(shown, text) }
-			a := newOpenAI(t, model, func(o *agent.OpenAIOptions) { o.Stream, o.APIKey = c.stream, secret(t, key) })
+			a := newOpenAI(t, model, func(o *agent.OpenAIOptions) { o.Stream, o.APIKey = c.stream, key })
 			reply, err := a.Answer(context.Background(), turn)
 			if err == nil || !c.check(err) || !strings.HasPrefix(err.Error(), c.want) {
 				t.Fatalf("reply %s, err = %v; want an error starting %q", reply.Content, err, c.want)
@@ -417,7 +389,7 @@ func TestOpenAICutsAnAnswerTooLargeForOneMessage(t *testing.T) {
 func TestTheOpenAIAgentNeverPrintsItsKey(t *testing.T) {
 	const key = "sk-secret-in-the-struct"
 	model := startModel(t, text("ok"))
-	a := newOpenAI(t, model, func(o *agent.OpenAIOptions) { o.APIKey = secret(t, key) })
+	a := newOpenAI(t, model, func(o *agent.OpenAIOptions) { o.APIKey = key })
 	for _, s := range []string{fmt.Sprintf("%v", a), fmt.Sprintf("%+v", a), fmt.Sprintf("%#v", a), fmt.Sprintf("%+v", *a)} {
 		if strings.Contains(s, key) {
 			t.Fatalf("the agent prints its key: %s", s)

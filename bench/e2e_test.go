@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/mindroomd/mindroomd/agent"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -64,7 +65,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	system := actors.NewSystem(zerolog.Nop())
 	pid := system.Root.Spawn(principal.Props(principal.Deps{
-		Store: view, Transport: bot, Agent: principal.AgentFunc(echoAnswer),
+		Store: view, Transport: bot, Agent: agent.AgentFunc(echoAnswer),
 		Sender: matrix.NewSender(bot), Reconciler: matrix.NewReconciler(bot), DeviceID: bot.DeviceID(),
 		Hints: s.Hints(), AutoJoin: true, Log: zerolog.Nop(),
 	}))
@@ -126,12 +127,12 @@ func BenchmarkEndToEnd(b *testing.B) {
 }
 
 // echoAnswer answers a text message with "echo: <body>" at once.
-func echoAnswer(_ context.Context, turn principal.Turn) (principal.Reply, error) {
+func echoAnswer(_ context.Context, turn agent.Turn) (agent.Reply, error) {
 	if turn.Event.Kind != journal.KindMessage {
-		return principal.Reply{Ignore: true}, nil
+		return agent.Reply{Ignore: true}, nil
 	}
 	content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": "echo: " + bodyOf(turn.Event.Event)})
-	return principal.Reply{Content: content}, err
+	return agent.Reply{Content: content}, err
 }
 
 // bareEcho is the floor's agent: a sync loop that answers each of the

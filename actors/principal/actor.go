@@ -9,6 +9,7 @@ package principal
 import (
 	"context"
 	"encoding/json"
+	"github.com/mindroomd/mindroomd/agent"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -42,7 +43,7 @@ type Deps struct {
 	// Agent answers the principal's work. Nil leaves the work to an agent
 	// outside the process, which takes it through the agent API: the
 	// principal then only syncs and delivers.
-	Agent Agent
+	Agent agent.Agent
 	// Sender and Reconciler deliver replies; DeviceID is the device the
 	// Transport is signed in as.
 	Sender     outbox.Sender

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/agent"
 	"testing"
 	"time"
 
@@ -50,13 +51,13 @@ type afterPlaceholder struct {
 	ignore string
 }
 
-func (a afterPlaceholder) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+func (a afterPlaceholder) Answer(ctx context.Context, turn agent.Turn) (agent.Reply, error) {
 	if err := a.f.placeholderOut(ctx, turn.Event.EventID); err != nil {
-		return principal.Reply{}, err
+		return agent.Reply{}, err
 	}
 	reply, err := a.echo.Answer(ctx, turn)
 	if _, b := body(turn.Event.Event); err == nil && a.ignore != "" && b == a.ignore {
-		return principal.Reply{Ignore: true}, nil
+		return agent.Reply{Ignore: true}, nil
 	}
 	return reply, err
 }
@@ -172,21 +173,21 @@ func TestNoProgressEditOfAnEndedMembershipIsSentAfterARejoin(t *testing.T) {
 	f.transport = func(tr principal.Transport) principal.Transport { transport.Transport = tr; return transport }
 	f.placeholder = thinking
 	acknowledged, shown, rejoined, done := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
-	f.answer = principal.AgentFunc(func(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+	f.answer = agent.AgentFunc(func(ctx context.Context, turn agent.Turn) (agent.Reply, error) {
 		if _, b := body(turn.Event.Event); b != "question" {
-			return principal.Reply{Ignore: true}, nil
+			return agent.Reply{Ignore: true}, nil
 		}
 		if !wait(ctx, acknowledged) {
-			return principal.Reply{}, ctx.Err()
+			return agent.Reply{}, ctx.Err()
 		}
 		turn.Progress(ctx, "before the leave")
 		close(shown)
 		if !wait(ctx, rejoined) {
-			return principal.Reply{}, ctx.Err()
+			return agent.Reply{}, ctx.Err()
 		}
 		turn.Progress(ctx, "after the rejoin")
 		close(done)
-		return principal.Reply{Content: json.RawMessage(`{"msgtype":"m.text","body":"too late"}`)}, nil
+		return agent.Reply{Content: json.RawMessage(`{"msgtype":"m.text","body":"too late"}`)}, nil
 	})
 	f.start()
 	f.awaitJoined()

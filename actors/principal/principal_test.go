@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/agent"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,7 +47,7 @@ type echo struct {
 
 func newEcho() *echo { return &echo{asked: map[string]int{}, fail: map[string]bool{}} }
 
-func (e *echo) Answer(_ context.Context, turn principal.Turn) (principal.Reply, error) {
+func (e *echo) Answer(_ context.Context, turn agent.Turn) (agent.Reply, error) {
 	var ev struct {
 		Type    string `json:"type"`
 		Content struct {
@@ -54,19 +55,19 @@ func (e *echo) Answer(_ context.Context, turn principal.Turn) (principal.Reply, 
 		} `json:"content"`
 	}
 	if err := json.Unmarshal(turn.Event.Event, &ev); err != nil {
-		return principal.Reply{}, err
+		return agent.Reply{}, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.asked[turn.Event.EventID]++
 	if e.fail[ev.Content.Body] {
-		return principal.Reply{}, fmt.Errorf("told to fail on %q", ev.Content.Body)
+		return agent.Reply{}, fmt.Errorf("told to fail on %q", ev.Content.Body)
 	}
 	if turn.Event.Kind != journal.KindMessage {
-		return principal.Reply{Ignore: true}, nil
+		return agent.Reply{Ignore: true}, nil
 	}
 	content, _ := json.Marshal(map[string]string{"msgtype": "m.text", "body": "echo: " + ev.Content.Body})
-	return principal.Reply{Content: content}, nil
+	return agent.Reply{Content: content}, nil
 }
 
 func (e *echo) timesAsked(eventID string) int {
@@ -95,7 +96,7 @@ type fixture struct {
 	transport func(principal.Transport) principal.Transport
 	// answer, when set, is the agent instead of agent; placeholder is the
 	// principal's placeholder content.
-	answer      principal.Agent
+	answer      agent.Agent
 	placeholder json.RawMessage
 	// journal, when set, wraps the journal view the principal is given.
 	journal func(journal.PrincipalStore) journal.PrincipalStore
@@ -143,7 +144,7 @@ func (f *fixture) start() {
 	if f.transport != nil {
 		transport = f.transport(transport)
 	}
-	var agent principal.Agent = f.agent
+	var agent agent.Agent = f.agent
 	if f.answer != nil {
 		agent = f.answer
 	}
@@ -492,7 +493,7 @@ func TestAReplySentBeforeAReloginOnANewDeviceIsShownOnce(t *testing.T) {
 // when it was first asked.
 type blocking struct{ asked, release chan struct{} }
 
-func (b blocking) Answer(ctx context.Context, _ principal.Turn) (principal.Reply, error) {
+func (b blocking) Answer(ctx context.Context, _ agent.Turn) (agent.Reply, error) {
 	select {
 	case b.asked <- struct{}{}:
 	default:
@@ -501,7 +502,7 @@ func (b blocking) Answer(ctx context.Context, _ principal.Turn) (principal.Reply
 	case <-b.release:
 	case <-ctx.Done():
 	}
-	return principal.Reply{}, errors.New("released without an answer")
+	return agent.Reply{}, errors.New("released without an answer")
 }
 
 func TestOneAgentThatNeverAnswersDoesNotHoldUpAnother(t *testing.T) {
@@ -552,11 +553,11 @@ type gated struct {
 	open chan struct{}
 }
 
-func (g gated) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+func (g gated) Answer(ctx context.Context, turn agent.Turn) (agent.Reply, error) {
 	select {
 	case <-g.open:
 	case <-ctx.Done():
-		return principal.Reply{}, ctx.Err()
+		return agent.Reply{}, ctx.Err()
 	}
 	return g.echo.Answer(ctx, turn)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/mindroomd/mindroomd/agent"
 	"sync"
 	"testing"
 	"time"
@@ -127,21 +128,21 @@ func TestProgressEditsThePlaceholderInPassingAndOnlyTheAnswerStays(t *testing.T)
 	f.transport = func(tr principal.Transport) principal.Transport { transport.Transport = tr; return transport }
 	f.placeholder = json.RawMessage(`{"msgtype":"m.text","body":"Thinking","io.mindroom.stream_status":"pending"}`)
 	acknowledged, shown, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	f.answer = principal.AgentFunc(func(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+	f.answer = agent.AgentFunc(func(ctx context.Context, turn agent.Turn) (agent.Reply, error) {
 		if turn.Progress == nil {
-			return principal.Reply{}, errors.New("no progress for a turn with a placeholder")
+			return agent.Reply{}, errors.New("no progress for a turn with a placeholder")
 		}
 		if !wait(ctx, acknowledged) {
-			return principal.Reply{}, ctx.Err()
+			return agent.Reply{}, ctx.Err()
 		}
 		turn.Progress(ctx, "The answer") // refused: logged and dropped
 		turn.Progress(ctx, "The answer is")
 		turn.Progress(ctx, "The answer is 4")
 		close(shown)
 		if !wait(ctx, finish) {
-			return principal.Reply{}, ctx.Err()
+			return agent.Reply{}, ctx.Err()
 		}
-		return principal.Reply{Content: json.RawMessage(`{"msgtype":"m.text","body":"The answer is 42","io.mindroom.stream_status":"completed"}`)}, nil
+		return agent.Reply{Content: json.RawMessage(`{"msgtype":"m.text","body":"The answer is 42","io.mindroom.stream_status":"completed"}`)}, nil
 	})
 	f.start()
 	f.awaitJoined()

@@ -3,11 +3,11 @@ package principal_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/mindroomd/mindroomd/agent"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/mindroomd/mindroomd/actors/principal"
 	"github.com/mindroomd/mindroomd/journal"
 )
 
@@ -132,7 +132,7 @@ func TestAnAnswerInAThreadIsAGenuineReplyNotAFallback(t *testing.T) {
 func TestAMarkdownAnswerIsSentWithSanitisedHTMLAndPlainTextWithout(t *testing.T) {
 	const markdown = "**bold** and `code` <script>alert(1)</script>"
 	f := newFixture(t)
-	f.answer = principal.AgentFunc(func(_ context.Context, turn principal.Turn) (principal.Reply, error) {
+	f.answer = agent.AgentFunc(func(_ context.Context, turn agent.Turn) (agent.Reply, error) {
 		var ev struct {
 			Content struct {
 				Body string `json:"body"`
@@ -144,7 +144,7 @@ func TestAMarkdownAnswerIsSentWithSanitisedHTMLAndPlainTextWithout(t *testing.T)
 			body = markdown
 		}
 		content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": body})
-		return principal.Reply{Content: content}, err
+		return agent.Reply{Content: content}, err
 	})
 	f.start()
 	f.awaitJoined()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mindroomd/mindroomd/agent"
 	"time"
 
 	"github.com/google/uuid"
@@ -150,7 +151,7 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 			}
 			progress = a.progress(e, id)
 		}
-		reply, err := a.deps.Agent.Answer(ctx, Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress})
+		reply, err := a.deps.Agent.Answer(ctx, agent.Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress})
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}

@@ -55,7 +55,7 @@ type daemon struct {
 func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err error) {
 	log := zerolog.New(stderr).With().Timestamp().Logger()
 	// Every back-end is checked before anything opens or signs in.
-	answers := make([]principal.Agent, len(cfg.Agents))
+	answers := make([]agent.Agent, len(cfg.Agents))
 	for i, a := range cfg.Agents {
 		if answers[i], err = backend(i, a, log.With().Str("agent", a.Name).Logger()); err != nil {
 			return err
@@ -114,7 +114,7 @@ func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (*store.St
 // log: none for http, where an outside agent takes the work through the
 // agent API. It opens no connection: a model server may start after the
 // daemon.
-func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error) {
+func backend(i int, a config.Agent, log zerolog.Logger) (agent.Agent, error) {
 	// The config validated the back-end's keys and left the ones left out
 	// zero: each back-end gives them its defaults.
 	switch a.Backend.Type {
@@ -126,7 +126,7 @@ func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error)
 		return agent.Exec{Command: a.Backend.Exec.Command, Timeout: a.Backend.Exec.Timeout, Env: a.Backend.Exec.Env, Log: log}, nil
 	case config.BackendOpenAI:
 		o := a.Backend.OpenAI
-		return agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey,
+		return agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey.Reveal(),
 			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log}), nil
 	}
 	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
@@ -136,7 +136,7 @@ func backend(i int, a config.Agent, log zerolog.Logger) (principal.Agent, error)
 // placeholderOf is the placeholder an agent sends before each answer
 // (principal.Deps.Placeholder), when it has one: a streamed answer is shown
 // by editing it.
-func placeholderOf(answer principal.Agent) json.RawMessage {
+func placeholderOf(answer agent.Agent) json.RawMessage {
 	if p, ok := answer.(interface{ Placeholder() json.RawMessage }); ok {
 		return p.Placeholder()
 	}
@@ -144,7 +144,7 @@ func placeholderOf(answer principal.Agent) json.RawMessage {
 }
 
 // startAgent signs one agent in and starts its principal.
-func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer principal.Agent) error {
+func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer agent.Agent) error {
 	view, err := d.store.Principal(ctx, a.Name, a.UserID)
 	if err != nil {
 		return err

@@ -117,23 +117,23 @@ func run(ctx context.Context, o options) (err error) {
 	}
 }
 
-// shout is the agent: plain Go code behind principal.Agent.
+// shout is the agent: plain Go code behind agent.Agent.
 type shout struct{}
 
-// Answer implements principal.Agent. An error leaves the event pending, to
+// Answer implements agent.Agent. An error leaves the event pending, to
 // be offered again after a backoff.
-func (shout) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, error) {
+func (shout) Answer(ctx context.Context, turn agent.Turn) (agent.Reply, error) {
 	if turn.Event.Kind != journal.KindMessage {
-		return principal.Reply{Ignore: true}, nil // reactions, media, …: settled unanswered
+		return agent.Reply{Ignore: true}, nil // reactions, media, …: settled unanswered
 	}
 	body, err := agent.Body(turn.Event.Event)
 	if err != nil {
-		return principal.Reply{}, err
+		return agent.Reply{}, err
 	}
 	page, err := turn.Conversation.Read(ctx,
 		journal.ReadRequest{RoomID: turn.Event.RoomID, Thread: turn.Thread, Limit: recent})
 	if err != nil {
-		return principal.Reply{}, fmt.Errorf("read conversation: %w", err)
+		return agent.Reply{}, fmt.Errorf("read conversation: %w", err)
 	}
 	// The page is oldest first. The event is on it unless more than
 	// `recent` messages came after it (i < 0): then nothing is repeated.
@@ -149,7 +149,7 @@ func (shout) Answer(ctx context.Context, turn principal.Turn) (principal.Reply, 
 		text += " (before that: " + strings.Join(earlier, " / ") + ")"
 	}
 	content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": text})
-	return principal.Reply{Content: content}, err
+	return agent.Reply{Content: content}, err
 }
 
 // textOf reads a content's body by its exact key; "" when none is text.

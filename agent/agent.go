@@ -1,4 +1,9 @@
-package principal
+// Package agent is what answers a principal's work: the contract between
+// a principal and whatever answers for it (Agent, Turn, Reply), and the
+// built-in back-ends (Echo, Exec, OpenAI). It knows the journal's types
+// alone: the daemon's configuration is turned into a back-end's options by
+// the daemon.
+package agent
 
 import (
 	"context"
