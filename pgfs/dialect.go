@@ -114,7 +114,7 @@ func (t *Tx) Exec(s journalsql.Stmt, args ...any) (int64, error) {
 
 // QueryRow implements journalsql.Tx.
 func (t *Tx) QueryRow(s journalsql.Stmt, args ...any) journalsql.Row {
-	return t.queryRow(statements[s], bind(args)...)
+	return mappedRow{t.queryRow(statements[s], bind(args)...)}
 }
 
 // Query implements journalsql.Tx.
@@ -185,11 +185,24 @@ func (t *Tx) ForgetRoom(journalsql.Principal, string) {}
 // row through one index on the table itself.
 func (t *Tx) IndexVisible(journalsql.RoomRef, *journal.Event, int64, bool) error { return nil }
 
-// pgRows adapts pgx's cursor.
+// pgRows adapts pgx's cursor; its errors are the journal's (mapErr).
 type pgRows struct{ pgx.Rows }
 
 // Close implements journalsql.Rows.
 func (r pgRows) Close() { r.Rows.Close() }
+
+// Scan implements journalsql.Rows.
+func (r pgRows) Scan(dest ...any) error { return mapErr(r.Rows.Scan(dest...)) }
+
+// Err implements journalsql.Rows.
+func (r pgRows) Err() error { return mapErr(r.Rows.Err()) }
+
+// mappedRow is a row whose error is the journal's (mapErr); "no row"
+// stays pgx's, wrapped by nothing.
+type mappedRow struct{ pgx.Row }
+
+// Scan implements journalsql.Row.
+func (r mappedRow) Scan(dest ...any) error { return mapErr(r.Row.Scan(dest...)) }
 
 // querier is the pool or a read transaction of it: what a read runs on.
 type querier interface {
@@ -211,14 +224,14 @@ func (s *Store) Reader() journalsql.Reader { return reader{s: s, q: s.pool} }
 
 // QueryRow implements journalsql.Reader.
 func (r reader) QueryRow(ctx context.Context, s journalsql.Stmt, args ...any) journalsql.Row {
-	return r.q.QueryRow(ctx, statements[s], bind(args)...)
+	return mappedRow{r.q.QueryRow(ctx, statements[s], bind(args)...)}
 }
 
 // Query implements journalsql.Reader.
 func (r reader) Query(ctx context.Context, s journalsql.Stmt, args ...any) (journalsql.Rows, error) {
 	rows, err := r.q.Query(ctx, statements[s], bind(args)...)
 	if err != nil {
-		return nil, redact(err)
+		return nil, mapErr(redact(err))
 	}
 	return pgRows{rows}, nil
 }

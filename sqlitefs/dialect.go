@@ -127,7 +127,7 @@ func (t *Tx) Exec(s journalsql.Stmt, args ...any) (int64, error) {
 
 // QueryRow implements journalsql.Tx.
 func (t *Tx) QueryRow(s journalsql.Stmt, args ...any) journalsql.Row {
-	return t.queryRow(statements[s], bind(args)...)
+	return mappedRow{t.queryRow(statements[s], bind(args)...), context.Background()}
 }
 
 // Query implements journalsql.Tx.
@@ -253,6 +253,25 @@ func (r sqlRows) Close() { _ = r.Rows.Close() }
 // Err implements journalsql.Rows.
 func (r sqlRows) Err() error { return deadlineErr(r.ctx, r.Rows.Err()) }
 
+// Scan implements journalsql.Rows.
+func (r sqlRows) Scan(dest ...any) error { return mapErr(r.Rows.Scan(dest...)) }
+
+// mappedRow is a row whose error is the journal's (mapErr, deadlineErr);
+// "no row" stays database/sql's, wrapped by nothing.
+type mappedRow struct {
+	*sql.Row
+	ctx context.Context
+}
+
+// Scan implements journalsql.Row.
+func (r mappedRow) Scan(dest ...any) error {
+	err := r.Row.Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return deadlineErr(r.ctx, err)
+}
+
 // reader runs the shared reads on a pool of query-only connections, or
 // inside one read transaction of it (a snapshot).
 type reader struct {
@@ -268,9 +287,9 @@ func (db *DB) Reader() journalsql.Reader { return reader{pool: db.readers} }
 // QueryRow implements journalsql.Reader.
 func (r reader) QueryRow(ctx context.Context, s journalsql.Stmt, args ...any) journalsql.Row {
 	if r.tx != nil {
-		return r.tx.QueryRowContext(ctx, statements[s], bind(args)...)
+		return mappedRow{r.tx.QueryRowContext(ctx, statements[s], bind(args)...), ctx}
 	}
-	return r.pool.QueryRowContext(ctx, statements[s], bind(args)...)
+	return mappedRow{r.pool.QueryRowContext(ctx, statements[s], bind(args)...), ctx}
 }
 
 // Query implements journalsql.Reader.
