@@ -102,3 +102,15 @@ const (
 	// NumStmts counts the statements: a dialect's table has this length.
 	NumStmts
 )
+
+// Missing lists the statements a dialect's table leaves without text; a
+// dialect's test requires none.
+func Missing(table *[NumStmts]string) []Stmt {
+	var missing []Stmt
+	for s := range NumStmts {
+		if table[s] == "" {
+			missing = append(missing, s)
+		}
+	}
+	return missing
+}

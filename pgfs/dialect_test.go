@@ -7,9 +7,7 @@ import (
 )
 
 func TestEveryStatementOfTheSharedWorkHasPostgreSQLText(t *testing.T) {
-	for s := range journalsql.NumStmts {
-		if statements[s] == "" {
-			t.Errorf("statement %d has no text", s)
-		}
+	if missing := journalsql.Missing(&statements); len(missing) > 0 {
+		t.Fatalf("statements without text: %v", missing)
 	}
 }

@@ -229,32 +229,7 @@ func (f *fixture) awaitJoined() {
 // after each commit of the principal.
 func (f *fixture) screen(want func([]string) bool) []string {
 	f.t.Helper()
-	sub := f.store.Hints().Subscribe(f.view.Principal().String())
-	defer sub.Close()
-	deadline := time.After(testDeadline)
-	for {
-		page, err := f.view.Read(f.ctx, journal.ReadRequest{RoomID: f.room, Limit: 100})
-		if err != nil {
-			f.t.Fatal(err)
-		}
-		var got []string
-		for _, m := range page.Messages {
-			var c struct {
-				Body string `json:"body"`
-			}
-			_ = json.Unmarshal(m.Content, &c)
-			got = append(got, c.Body)
-		}
-		if want(got) {
-			return got
-		}
-		select {
-		case <-sub.C():
-		case <-deadline:
-			f.t.Fatalf("the conversation never reached the expected state; last page: %q", got)
-			return nil
-		}
-	}
+	return f.page(journal.ReadRequest{RoomID: f.room, Limit: 100}, want)
 }
 
 func contains(xs []string, want ...string) bool {
