@@ -8,9 +8,6 @@ const (
 	stateSettled = 1
 )
 
-// maxRejectedRaw bounds how much of a rejected event is kept for inspection.
-const maxRejectedRaw = 256 << 10
-
 const (
 	selectRoom = `SELECT id, epoch, departed FROM rooms WHERE principal = $1 AND room_id = $2`
 	// The no-op update makes RETURNING hand back the row even when another

@@ -6,9 +6,6 @@ const (
 	stateSettled = 1
 )
 
-// maxRejectedRaw bounds how much of a rejected event is kept for inspection.
-const maxRejectedRaw = 256 << 10
-
 const (
 	// The identity index holds a 64-bit hash of the event ID, not the ID:
 	// three times as many entries per page, so a random insert splits

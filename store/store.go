@@ -446,7 +446,7 @@ type sqliteBackend struct{ s *Store }
 var _ backend = sqliteBackend{}
 
 // Writer implements backend.
-func (b sqliteBackend) Writer(journalsql.Principal) journalsql.Writer { return sqliteWriter{b.s} }
+func (b sqliteBackend) Writer(journalsql.Principal) journalsql.Writer { return sqliteWriter(b) }
 
 // Reader implements backend.
 func (b sqliteBackend) Reader() journalsql.Reader { return b.s.db.Reader() }
