@@ -122,6 +122,13 @@ type principalActor struct {
 	joins     map[string]*pendingJoin
 	joinOrder int
 	joinWake  chan struct{}
+
+	// tokenMu orders the writes of the sync token: each batch's, and the
+	// one an accepted invite makes when it lets go of the token it held
+	// (release). synced is the next_batch of the last batch admitted,
+	// where the sync stands; stored is the token last written.
+	tokenMu        sync.Mutex
+	synced, stored string
 }
 
 // Receive implements actor.Actor.

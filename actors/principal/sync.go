@@ -51,6 +51,9 @@ func (a *principalActor) syncLoop(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read sync token: %w", err)
 	}
+	a.tokenMu.Lock()
+	a.synced, a.stored = since, since
+	a.tokenMu.Unlock()
 	failures := 0
 	for ctx.Err() == nil {
 		batch, err := a.deps.Transport.Sync(ctx, since, a.deps.SyncTimeout)
@@ -123,17 +126,12 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 			return err
 		}
 	}
-	token := batch.NextBatch
-	if a.deps.AutoJoin {
-		if since == "" {
-			if err := a.acceptFirst(ctx, batch.Invited); err != nil {
-				return err
-			}
-		} else {
-			token = a.queueJoins(since, batch)
+	if a.deps.AutoJoin && since == "" {
+		if err := a.acceptFirst(ctx, batch.Invited); err != nil {
+			return err
 		}
 	}
-	res, err := a.deps.Store.AdmitBatch(ctx, in, token)
+	res, err := a.admit(ctx, since, batch, in)
 	if err != nil {
 		return fmt.Errorf("admit: %w", err)
 	}
@@ -152,6 +150,24 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 		}
 	}
 	return nil
+}
+
+// admit admits one batch's events with the token to write beside them:
+// its next_batch, or the token an invite not accepted yet holds
+// (queueJoins).
+func (a *principalActor) admit(ctx context.Context, since string, batch *matrix.SyncBatch, in []journal.Inbound) ([]journal.AdmitResult, error) {
+	a.tokenMu.Lock()
+	defer a.tokenMu.Unlock()
+	token := batch.NextBatch
+	if a.deps.AutoJoin && since != "" {
+		token = a.queueJoins(since, batch)
+	}
+	res, err := a.deps.Store.AdmitBatch(ctx, in, token)
+	if err != nil {
+		return nil, err
+	}
+	a.synced, a.stored = batch.NextBatch, token
+	return res, nil
 }
 
 // observeMembership applies the principal's own membership events of one
@@ -357,9 +373,15 @@ func (a *principalActor) queueJoins(since string, batch *matrix.SyncBatch) strin
 			a.joins[room] = &pendingJoin{heldAt: since, order: a.joinOrder, due: a.deps.Now()}
 		}
 	}
-	token, oldest := batch.NextBatch, 0
-	for _, p := range a.joins {
-		if oldest == 0 || p.order < oldest {
+	return a.heldToken(batch.NextBatch, "")
+}
+
+// heldToken is the token the oldest invite kept holds, other than
+// except's, or next when none does. The caller holds joinMu.
+func (a *principalActor) heldToken(next, except string) string {
+	token, oldest := next, 0
+	for room, p := range a.joins {
+		if room != except && (oldest == 0 || p.order < oldest) {
 			token, oldest = p.heldAt, p.order
 		}
 	}
@@ -473,15 +495,50 @@ func refused(err error) bool {
 
 // accept joins an invited room. The join's own event arrives by sync later
 // and is recorded then; recording it now as well means what the same
-// sync's next batches bring is already under the new membership.
+// sync's next batches bring is already under the new membership. The
+// token the invite held is let go of first (release).
 func (a *principalActor) accept(ctx context.Context, room string) error {
 	if _, err := a.deps.Transport.Join(ctx, room); err != nil {
 		return err
+	}
+	if err := a.release(ctx, room); err != nil {
+		return fmt.Errorf("release the sync token held for %s: %w", room, err)
 	}
 	if err := a.members.locked(func() error { return a.members.join(ctx, room, "") }); err != nil {
 		return fmt.Errorf("record join of %s: %w", room, err)
 	}
 	a.log.Info().Str("room_id", room).Msg("Invite accepted")
+	return nil
+}
+
+// release writes the sync token an accepted invite no longer holds back,
+// before the journal records the join, and stops keeping the invite.
+//
+// The stored token is where a room walk starts (a sync token is where the
+// sync stands). Held at the since of the batch that listed the invite, it
+// stands before what the room said while the agent was out of it, which
+// no batch brought and which is history of the new membership: a walk
+// from there, as soon as the journal has the agent in, would miss it and
+// still cover the room. The batch that listed the invite was admitted, so
+// from the invite's point of view the sync stands at its next_batch; an
+// older invite not accepted yet still holds the token where it was.
+// Written and forgotten under tokenMu, no batch in between writes the
+// held token back; a write that fails keeps the invite, retried.
+func (a *principalActor) release(ctx context.Context, room string) error {
+	a.tokenMu.Lock()
+	defer a.tokenMu.Unlock()
+	a.joinMu.Lock()
+	token := a.heldToken(a.synced, room)
+	a.joinMu.Unlock()
+	if token != a.stored {
+		if _, err := a.deps.Store.AdmitBatch(ctx, nil, token); err != nil {
+			return err
+		}
+		a.stored = token
+	}
+	a.joinMu.Lock()
+	delete(a.joins, room)
+	a.joinMu.Unlock()
 	return nil
 }
 

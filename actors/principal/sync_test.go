@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -339,5 +340,85 @@ func TestAFailedHomeserverLeaveDoesNotLeaveTheAgentSilentInTheRoom(t *testing.T)
 	}
 	if got := f.replies(); got["echo: before the leave"] != 1 || got["echo: after the failed leave"] != 1 || len(got) != 2 {
 		t.Fatalf("answers = %v, want one each", got)
+	}
+}
+
+// heldSyncs passes every call to the real homeserver until, once armed,
+// a sync lists an invite to room; every sync after that one waits for the
+// test's end, so the journal stays as that batch and the join leave it.
+type heldSyncs struct {
+	principal.Transport
+	room   string
+	mu     sync.Mutex
+	armed  bool
+	listed string // the next_batch of the batch that listed the invite
+}
+
+func (h *heldSyncs) arm() {
+	h.mu.Lock()
+	h.armed = true
+	h.mu.Unlock()
+}
+
+func (h *heldSyncs) Sync(ctx context.Context, since string, timeout time.Duration) (*matrix.SyncBatch, error) {
+	if h.listedAt() != "" {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	batch, err := h.Transport.Sync(ctx, since, timeout)
+	h.mu.Lock()
+	if err == nil && h.armed && slices.Contains(batch.Invited, h.room) {
+		h.listed = batch.NextBatch
+	}
+	h.mu.Unlock()
+	return batch, err
+}
+
+func (h *heldSyncs) listedAt() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.listed
+}
+
+func TestAnAcceptedInviteLetsGoOfTheSyncTokenBeforeTheJoinIsRecorded(t *testing.T) {
+	f := newFixture(t)
+	held := &heldSyncs{room: f.room}
+	f.transport = func(t principal.Transport) principal.Transport {
+		held.Transport = t
+		return held
+	}
+	f.start()
+	f.awaitJoined()
+	res, err := f.system.Root.RequestFuture(f.pid, &principal.Leave{RoomID: f.room}, testDeadline).Result()
+	if err != nil || res.(*principal.Left).Err != nil {
+		t.Fatalf("leave: %v %v", err, res)
+	}
+	f.awaitNoOwedReports()
+	held.arm()
+	f.alice.SendText(f.room, "while the agent was away")
+	f.alice.Invite(f.room, f.bot.UserID)
+	f.awaitJoinedAgain()
+	for deadline := time.Now().Add(testDeadline); ; {
+		_, departed, err := f.view.RoomEpoch(f.ctx, f.room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !departed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the journal never recorded the rejoin")
+		}
+		time.Sleep(10 * time.Millisecond) // a join commits no hint to wait on
+	}
+	// No sync has brought the join: a room walk now starts at the stored
+	// token, and what the room said while the agent was away lies after
+	// the since of the batch that listed the invite.
+	tok, err := f.view.SyncToken(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := held.listedAt(); tok != want {
+		t.Fatalf("with the join recorded the sync token is %q, want %q: the next_batch of the batch that listed the invite", tok, want)
 	}
 }
