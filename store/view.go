@@ -52,6 +52,10 @@ func (v *View) Hints() *hint.Bus { return v.hints }
 // Principal names the bound principal.
 func (v *View) Principal() journal.Principal { return v.p.Principal }
 
+// A command's results are captured by its closure and read only when Do
+// succeeds: a command whose caller gave up (its context ended) may still
+// run in the writer afterwards, and its writes must meet no reader.
+
 // do runs a command that publishes no hint.
 func (v *View) do(ctx context.Context, name string, size int, run func(tx journalsql.Tx) error) error {
 	return v.w.Do(ctx, name, size, func(tx journalsql.Tx) ([]hint.Hint, error) { return nil, run(tx) })
@@ -59,13 +63,17 @@ func (v *View) do(ctx context.Context, name string, size int, run func(tx journa
 
 // AdmitBatch implements journal.Admission. Events are parsed here, in the
 // caller's goroutine, so a single writer only runs SQL.
-func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBatch string) (results []journal.AdmitResult, err error) {
+func (v *View) AdmitBatch(ctx context.Context, events []journal.Inbound, nextBatch string) ([]journal.AdmitResult, error) {
+	var results []journal.AdmitResult
 	parsed := journal.Parse(events, v.now())
-	err = v.w.Do(ctx, "admit batch", len(nextBatch)+inboundSize(events), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+	err := v.w.Do(ctx, "admit batch", len(nextBatch)+inboundSize(events), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
 		results, hints, err = journalsql.AdmitBatch(tx, v.p, parsed, nextBatch)
 		return hints, err
 	})
-	return results, err
+	if err != nil {
+		return nil, err
+	}
+	return results, nil
 }
 
 // inboundSize is the bytes of raw events a command carries.
@@ -88,12 +96,16 @@ func (v *View) Pending(ctx context.Context, limit int, after int64) (journal.Pen
 }
 
 // Settle implements journal.Replay.
-func (v *View) Settle(ctx context.Context, eventIDs ...string) (n int, err error) {
-	err = v.do(ctx, "settle", 0, func(tx journalsql.Tx) (err error) {
+func (v *View) Settle(ctx context.Context, eventIDs ...string) (int, error) {
+	var n int
+	err := v.do(ctx, "settle", 0, func(tx journalsql.Tx) (err error) {
 		n, err = journalsql.Settle(tx, v.p, eventIDs)
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // Read implements journal.ConversationReader.
@@ -118,13 +130,17 @@ func (v *View) LatestVisibleEventID(ctx context.Context, roomID string, thread *
 
 // InstallHistory implements journal.Hydration. Events are parsed here, in
 // the caller's goroutine, as admission's are.
-func (v *View) InstallHistory(ctx context.Context, roomID string, epoch int64, events []journal.Inbound) (res journal.HistoryResult, err error) {
+func (v *View) InstallHistory(ctx context.Context, roomID string, epoch int64, events []journal.Inbound) (journal.HistoryResult, error) {
+	var res journal.HistoryResult
 	parsed := journal.Parse(events, v.now())
-	err = v.do(ctx, "install history", inboundSize(events), func(tx journalsql.Tx) (err error) {
+	err := v.do(ctx, "install history", inboundSize(events), func(tx journalsql.Tx) (err error) {
 		res, err = journalsql.InstallHistory(tx, v.p, roomID, epoch, parsed)
 		return err
 	})
-	return res, err
+	if err != nil {
+		return journal.HistoryResult{}, err
+	}
+	return res, nil
 }
 
 // MarkCovered implements journal.Hydration.
@@ -149,21 +165,29 @@ func (v *View) RefreshDebt(ctx context.Context, roomID, eventID string) (journal
 }
 
 // ApplyRefetch implements journal.Hydration.
-func (v *View) ApplyRefetch(ctx context.Context, r journal.Refetched) (outcome journal.RefetchOutcome, err error) {
-	err = v.do(ctx, "apply refetch", 0, func(tx journalsql.Tx) (err error) {
+func (v *View) ApplyRefetch(ctx context.Context, r journal.Refetched) (journal.RefetchOutcome, error) {
+	var outcome journal.RefetchOutcome
+	err := v.do(ctx, "apply refetch", 0, func(tx journalsql.Tx) (err error) {
 		outcome, err = journalsql.ApplyRefetch(tx, v.p, r)
 		return err
 	})
-	return outcome, err
+	if err != nil {
+		return 0, err
+	}
+	return outcome, nil
 }
 
 // EnqueueAndSettle implements journal.Outbox.
-func (v *View) EnqueueAndSettle(ctx context.Context, req journal.EnqueueRequest) (res journal.EnqueueResult, err error) {
-	err = v.w.Do(ctx, "enqueue", len(req.Content), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+func (v *View) EnqueueAndSettle(ctx context.Context, req journal.EnqueueRequest) (journal.EnqueueResult, error) {
+	var res journal.EnqueueResult
+	err := v.w.Do(ctx, "enqueue", len(req.Content), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
 		res, hints, err = journalsql.EnqueueAndSettle(tx, v.p, req)
 		return hints, err
 	})
-	return res, err
+	if err != nil {
+		return journal.EnqueueResult{}, err
+	}
+	return res, nil
 }
 
 // Claim implements journal.Outbox. A superseded placeholder is refused,
@@ -197,12 +221,16 @@ func (v *View) AdoptDevice(ctx context.Context, deliveryID string, stage journal
 }
 
 // Acknowledge implements journal.Outbox.
-func (v *View) Acknowledge(ctx context.Context, deliveryID string, stage journal.Stage, sent journal.Sent) (res journal.AckResult, err error) {
-	err = v.w.Do(ctx, "acknowledge", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+func (v *View) Acknowledge(ctx context.Context, deliveryID string, stage journal.Stage, sent journal.Sent) (journal.AckResult, error) {
+	var res journal.AckResult
+	err := v.w.Do(ctx, "acknowledge", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
 		res, hints, err = journalsql.Acknowledge(tx, v.p, deliveryID, stage, sent)
 		return hints, err
 	})
-	return res, err
+	if err != nil {
+		return journal.AckResult{}, err
+	}
+	return res, nil
 }
 
 // Fail implements journal.Outbox.
@@ -252,21 +280,29 @@ func (v *View) Turns(ctx context.Context, limit int, afterTurnID string) ([]jour
 }
 
 // ForgetTurns implements journal.TurnRecords.
-func (v *View) ForgetTurns(ctx context.Context, turnIDs ...string) (n int, err error) {
-	err = v.do(ctx, "forget_turns", 0, func(tx journalsql.Tx) (err error) {
+func (v *View) ForgetTurns(ctx context.Context, turnIDs ...string) (int, error) {
+	var n int
+	err := v.do(ctx, "forget_turns", 0, func(tx journalsql.Tx) (err error) {
 		n, err = journalsql.ForgetTurns(tx, v.p.Agent, turnIDs)
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // FenceDeparture implements journal.Membership.
-func (v *View) FenceDeparture(ctx context.Context, roomID string, source journal.DepartureSource, observationID string) (o journal.DepartureOutcome, err error) {
-	err = v.w.Do(ctx, "fence_departure", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+func (v *View) FenceDeparture(ctx context.Context, roomID string, source journal.DepartureSource, observationID string) (journal.DepartureOutcome, error) {
+	var o journal.DepartureOutcome
+	err := v.w.Do(ctx, "fence_departure", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
 		o, hints, err = journalsql.FenceDeparture(tx, v.p, roomID, source, observationID)
 		return hints, err
 	})
-	return o, err
+	if err != nil {
+		return 0, err
+	}
+	return o, nil
 }
 
 // RecordJoin implements journal.Membership.
@@ -287,10 +323,14 @@ func (v *View) RoomsOwingDepartureReports(ctx context.Context) ([]string, error)
 }
 
 // RetireOwedDepartureReports implements journal.Membership.
-func (v *View) RetireOwedDepartureReports(ctx context.Context, roomIDs ...string) (n int, err error) {
-	err = v.do(ctx, "retire_owed_reports", 0, func(tx journalsql.Tx) (err error) {
+func (v *View) RetireOwedDepartureReports(ctx context.Context, roomIDs ...string) (int, error) {
+	var n int
+	err := v.do(ctx, "retire_owed_reports", 0, func(tx journalsql.Tx) (err error) {
 		n, err = journalsql.RetireOwedDepartureReports(tx, v.p, roomIDs)
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
