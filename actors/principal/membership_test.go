@@ -2,7 +2,10 @@ package principal
 
 import (
 	"context"
+	"errors"
+	"github.com/mindroomd/mindroomd/agent"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -53,5 +56,40 @@ func TestTheMembershipAppliesALeaveAndItsEchoInOrder(t *testing.T) {
 	}
 	if n, err := m.retireOwed(ctx, room); err != nil || n != 0 {
 		t.Fatalf("retired %d (err %v), want 0: the echo already consumed the report", n, err)
+	}
+}
+
+func TestABackoffIsForgottenOnceItsEventIsNoLongerPending(t *testing.T) {
+	ctx := context.Background()
+	s, _ := testsupport.MustOpen(t)
+	v, err := s.Principal(ctx, "helper", "@bot:example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := "!room:example.org"
+	if _, err := v.AdmitBatch(ctx, mx.Live(room, mx.Message("$a", "@alice:example.org", 1000, "hi")), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	failing := agent.AgentFunc(func(context.Context, agent.Turn) (agent.Reply, error) {
+		return agent.Reply{}, errors.New("model unavailable")
+	})
+	a := &principalActor{deps: Deps{Store: v, Agent: failing, Now: time.Now, BackoffBase: time.Hour, BackoffMax: time.Hour},
+		log: zerolog.Nop()}
+	retries, reported := map[string]retry{}, map[int64]bool{}
+	if _, err := a.offerBacklog(ctx, retries, reported); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := retries["$a"]; !ok {
+		t.Fatalf("after a failed turn the backoffs are %v, want one for $a", retries)
+	}
+	// Answered some other way (the API, an operator): no longer pending.
+	if _, err := v.Settle(ctx, "$a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.offerBacklog(ctx, retries, reported); err != nil {
+		t.Fatal(err)
+	}
+	if len(retries) != 0 {
+		t.Fatalf("after the event settled the worker still holds %v", retries)
 	}
 }

@@ -63,18 +63,23 @@ func (a *principalActor) workLoop(ctx context.Context) error {
 
 // offerBacklog offers every pending event not waiting out a backoff, once,
 // reports unreadable rows not reported yet, and returns when the earliest
-// backoff ends (zero when none waits).
+// backoff ends (zero when none waits). A pass over the whole backlog
+// forgets the backoffs and reports of events no longer pending (answered
+// through the API, ignored, redacted, fenced), so neither map outgrows
+// the backlog.
 func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]retry, reported map[int64]bool) (time.Time, error) {
 	var (
 		after int64
 		next  time.Time
 	)
+	pendingIDs, pendingSeqs := make(map[string]bool), make(map[int64]bool)
 	for {
 		page, err := a.deps.Store.Pending(ctx, workPage, after)
 		if err != nil {
 			return next, err
 		}
 		for _, u := range page.Unreadable {
+			pendingSeqs[u.Seq] = true
 			if !reported[u.Seq] {
 				reported[u.Seq] = true
 				a.log.Error().Err(u.Err).Str("event_id", u.EventID).Msg("Pending event unreadable; skipped")
@@ -84,6 +89,7 @@ func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]re
 			if ctx.Err() != nil {
 				return next, nil
 			}
+			pendingIDs[e.EventID] = true
 			if r, ok := retries[e.EventID]; ok && r.until.After(a.deps.Now()) {
 				next = earliest(next, r.until)
 				continue
@@ -104,6 +110,16 @@ func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]re
 			delete(retries, e.EventID)
 		}
 		if !page.More {
+			for id := range retries {
+				if !pendingIDs[id] {
+					delete(retries, id)
+				}
+			}
+			for seq := range reported {
+				if !pendingSeqs[seq] {
+					delete(reported, seq)
+				}
+			}
 			return next, nil
 		}
 		after = page.Next
