@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -196,6 +197,51 @@ func TestBoundedReads(t *testing.T, f Factory) {
 		}
 		if got, want := strings.Join(readsWalk(t, v, readsRoom, nil, 2), "|"), "$a,$b|$B,$_|$A"; got != want {
 			t.Fatalf("walk across the tie=%s, want %s", got, want)
+		}
+	})
+	t.Run("RowsOfOneMillisecondAreWalkedOnceEachAcrossEveryCursor", func(t *testing.T) {
+		// Every row shares its created_ts, so only the event-ID tie-break
+		// separates one page from the next. Rows come in several batches,
+		// out of order, in the room and in a thread.
+		v := readsView(t, f)
+		root := "$T"
+		readsAdmit(t, v, readsRoom, mx.Message(root, readsAlice, readsT0-1, "root"))
+		var roomIDs, threadIDs []string
+		for batch := 0; batch < 4; batch++ {
+			var evs []mx.Ev
+			for i := 0; i < 9; i++ {
+				n := (i*7 + batch*3) % 9 // out of order within a batch
+				id := fmt.Sprintf("$%c%d", 'a'+rune(n), batch)
+				if n%2 == 0 {
+					evs = append(evs, mx.Message(id, readsAlice, readsT0, "r"))
+					roomIDs = append(roomIDs, id)
+				} else {
+					evs = append(evs, mx.ThreadReply(id, readsAlice, readsT0, root, "t"))
+					threadIDs = append(threadIDs, id)
+				}
+			}
+			readsAdmit(t, v, readsRoom, evs...)
+		}
+		slices.Sort(roomIDs)
+		slices.Sort(threadIDs)
+		roomWant := append([]string{root}, roomIDs...)
+		threadWant := append([]string{root}, threadIDs...)
+		for _, limit := range []int{1, 2, 3, 7} {
+			for _, c := range []struct {
+				thread *string
+				want   []string
+			}{{nil, roomWant}, {&root, threadWant}} {
+				var got []string
+				pages := readsWalk(t, v, readsRoom, c.thread, limit)
+				for i := len(pages) - 1; i >= 0; i-- {
+					if pages[i] != "" {
+						got = append(got, strings.Split(pages[i], ",")...)
+					}
+				}
+				if !slices.Equal(got, c.want) {
+					t.Fatalf("thread %v, limit %d: walked %v\nwant   %v", c.thread, limit, got, c.want)
+				}
+			}
 		}
 	})
 	t.Run("RowsOwingARefetchAreReportedAndOmitted", func(t *testing.T) {
