@@ -33,7 +33,7 @@ import (
 // Defaults of the daemon's own optional fields. A back-end's optional keys
 // left out stay zero here, and the back-end gives them its defaults.
 const (
-	DefaultStorage = "./mindroom_data"
+	DefaultStorage = journal.DefaultStorageDir
 	DefaultListen  = "127.0.0.1:8787"
 )
 

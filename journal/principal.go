@@ -43,3 +43,7 @@ func validAgentName(s string) bool {
 	}
 	return true
 }
+
+// DefaultStorageDir is the storage root when none is given: the SQLite
+// journal under it, the Matrix sessions beside it.
+const DefaultStorageDir = "./mindroom_data"

@@ -308,7 +308,7 @@ func (db *DB) QueryPool() *sql.DB { return db.readers }
 // Path returns the absolute journal file path under a storage directory.
 func Path(storageDir string) string {
 	if storageDir == "" {
-		storageDir = "mindroom_data"
+		storageDir = journal.DefaultStorageDir
 	}
 	path := filepath.Join(storageDir, trackingDir, fileName)
 	// Absolute, so the URI that names it for SQLite (fileURI) has no

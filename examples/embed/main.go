@@ -49,7 +49,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.homeserver, "homeserver", os.Getenv("MINDROOM_HOMESERVER"),
 		"homeserver URL (env MINDROOM_HOMESERVER)")
-	flag.StringVar(&o.storage, "storage", cmp.Or(os.Getenv("MINDROOM_STORAGE"), "./mindroom_data"),
+	flag.StringVar(&o.storage, "storage", cmp.Or(os.Getenv("MINDROOM_STORAGE"), journal.DefaultStorageDir),
 		"storage directory (env MINDROOM_STORAGE)")
 	flag.StringVar(&o.userID, "user", "", "the agent's Matrix user ID, e.g. @shout:example.org")
 	flag.StringVar(&o.name, "name", "shout", "the agent's name in the journal")
