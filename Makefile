@@ -45,6 +45,12 @@ bench: dendrite
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./bench/ -args -n $(BENCH_N) | tee bench/last.txt
 	$(GO) run ./bench/cmd/summary < bench/last.txt
 
+# BenchmarkOutboxMemory at its full size (10^5 replies, minutes a round):
+# the heap an outbox keeps per finished reply.
+.PHONY: bench-memory
+bench-memory:
+	$(GO) test -run '^$$' -bench OutboxMemory -benchtime 1x -timeout 30m ./bench/ -args -memory
+
 # Smoke mode: tiny fixtures, one iteration, so the benchmarks cannot rot.
 bench-smoke: dendrite
 	$(GO) test -short -run '^$$' -bench . -benchtime 1x -timeout 15m ./bench/

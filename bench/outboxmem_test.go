@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"runtime"
 	"sync"
@@ -31,7 +32,12 @@ func (s *instantSender) Send(context.Context, journal.Delivery, json.RawMessage)
 	return journal.Sent{EventID: fmt.Sprintf("$sent-%d:bench.example.org", n), ServerTS: 1_700_000_000_000 + n}, nil
 }
 
-// BenchmarkOutboxMemory sends 10⁵ replies (10³ under -short) through the
+// flagMemory opts into BenchmarkOutboxMemory at its full size, which takes
+// minutes a round: `make bench` leaves it to its -short size unless asked.
+var flagMemory = flag.Bool("memory", false, "run BenchmarkOutboxMemory at 10⁵ replies")
+
+// BenchmarkOutboxMemory sends 10⁵ replies (10³ under -short, or without
+// -memory, which `make bench-memory` gives) through the
 // outbox actors of 16 principals over a journal on disk, every send
 // accepted at once, and measures the Go heap in use once all are
 // acknowledged, against the heap after start-up. A long-running daemon
@@ -42,7 +48,7 @@ func (s *instantSender) Send(context.Context, journal.Delivery, json.RawMessage)
 // less the heap in use before them; B/reply, the growth per reply.
 func BenchmarkOutboxMemory(b *testing.B) {
 	replies := 100_000
-	if testing.Short() {
+	if testing.Short() || !*flagMemory {
 		replies = 1000
 	}
 	perPrincipal := replies / outboxMemPrincipals
