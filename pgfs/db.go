@@ -37,6 +37,10 @@ const (
 // DefaultMaxConns is the pool size when Options.MaxConns is zero.
 const DefaultMaxConns = 16
 
+// DefaultListenHeartbeat is the hint listener's heartbeat when
+// Options.ListenHeartbeat is zero.
+const DefaultListenHeartbeat = 30 * time.Second
+
 // Errors of the storage boundary.
 var (
 	// ErrNoJournal reports a database (or schema) holding no journal yet.
@@ -60,6 +64,13 @@ type Options struct {
 	// PageBudget bounds the memory of one conversation page; zero limits
 	// take the journal's defaults.
 	PageBudget journal.PageBudget
+	// ListenHeartbeat is how long the hint listener waits without a
+	// notification before it pings its connection (default
+	// DefaultListenHeartbeat). A ping unanswered within the same interval,
+	// and at most 5 s, drops the connection as lost, so a connection gone
+	// half-open (a NAT timeout, a vanished server or proxy) delays hints
+	// by a heartbeat and a ping, not for ever.
+	ListenHeartbeat time.Duration
 	// ReadOnly opens the journal for reading alone, as status and an
 	// offline export do: nothing is migrated or written, no listener
 	// starts, and a journal of another schema version is refused.
@@ -77,6 +88,8 @@ type Store struct {
 	origin   string
 	readOnly bool
 	budget   journal.PageBudget
+	// heartbeat is the listener's idle time before a ping.
+	heartbeat time.Duration
 
 	stopListen context.CancelFunc
 	listening  sync.WaitGroup
@@ -94,7 +107,11 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget, origin: uuid.NewString()}
+	s := &Store{now: opts.Now, log: opts.Log, hints: opts.Hints, readOnly: opts.ReadOnly, budget: opts.PageBudget, origin: uuid.NewString(),
+		heartbeat: opts.ListenHeartbeat}
+	if s.heartbeat <= 0 {
+		s.heartbeat = DefaultListenHeartbeat
+	}
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mindroomd/mindroomd/hint"
 )
@@ -73,6 +74,18 @@ const (
 	maxListenBackoff = 5 * time.Second
 )
 
+// Bounds of the listener's waits on a connection that may have gone
+// half-open, where a read or a write can block for ever.
+const (
+	// maxPingTimeout bounds the wait for a heartbeat's ping.
+	maxPingTimeout = 5 * time.Second
+	// listenConnectTimeout bounds one reconnection: connecting and
+	// listening.
+	listenConnectTimeout = 30 * time.Second
+	// closeTimeout bounds saying goodbye to a lost connection.
+	closeTimeout = time.Second
+)
+
 // listen relays notifications to the bus until ctx ends, reconnecting
 // after a lost connection. A notification sent while no connection
 // listened is gone, so every reconnection wakes every subscriber, and each
@@ -83,7 +96,7 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 	for {
 		if conn != nil {
 			err := s.relay(ctx, conn)
-			_ = conn.Close(context.Background())
+			closeConn(conn)
 			if ctx.Err() != nil {
 				return
 			}
@@ -96,7 +109,10 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 		case <-time.After(backoff):
 		}
 		var err error
-		if conn, err = listenConn(ctx, cfg); err != nil {
+		cctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+		conn, err = listenConn(cctx, cfg)
+		cancel()
+		if err != nil {
 			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("Hint listener cannot connect")
 			backoff = min(2*backoff, maxListenBackoff)
 			continue
@@ -105,10 +121,33 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 	}
 }
 
-// relay hands each notification of this store to the bus.
+// closeConn closes a connection that may be half-open, where the
+// goodbye could block.
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// relay hands each notification of this store to the bus. A connection
+// gone half-open delivers nothing and reports no error, and TCP
+// keepalives are answered by any proxy on the way, so after a heartbeat
+// without a notification relay pings the server, and returns the error of
+// a ping that fails or goes unanswered, as of a lost connection.
 func (s *Store) relay(ctx context.Context, conn *pgx.Conn) error {
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		wctx, cancel := context.WithTimeout(ctx, s.heartbeat)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil && pgconn.Timeout(err) && ctx.Err() == nil {
+			pctx, cancel := context.WithTimeout(ctx, min(s.heartbeat, maxPingTimeout))
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("ping: %w", err)
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
