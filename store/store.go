@@ -52,6 +52,10 @@ type Options struct {
 	ReadOnly bool
 	// MaxConns bounds the PostgreSQL pool (default pgfs.DefaultMaxConns).
 	MaxConns int32
+	// ListenHeartbeat is how long PostgreSQL's hint listener waits without
+	// a notification before it pings its connection (default
+	// pgfs.DefaultListenHeartbeat).
+	ListenHeartbeat time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Log receives the store's logs (default: discarded).
@@ -167,7 +171,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 // openPostgres opens the journal in PostgreSQL.
 func openPostgres(ctx context.Context, opts Options) (*Store, error) {
 	pg, err := pgfs.Open(ctx, pgfs.Options{URL: opts.DatabaseURL, Now: opts.Now, Log: opts.Log, Hints: opts.Hints,
-		MaxConns: opts.MaxConns, PageBudget: opts.PageBudget, ReadOnly: opts.ReadOnly})
+		MaxConns: opts.MaxConns, PageBudget: opts.PageBudget, ReadOnly: opts.ReadOnly, ListenHeartbeat: opts.ListenHeartbeat})
 	if err != nil {
 		return nil, err
 	}
