@@ -117,9 +117,12 @@ type principalActor struct {
 	loops   sync.WaitGroup
 
 	// joins are the invites not accepted yet, by room (sync.go); joinWake
-	// tells the join loop of new ones.
+	// tells the join loop of new ones. accepted are the rooms this run
+	// joined by accepting an invite, with the epoch the join began, until
+	// a sync shows them (caughtUp).
 	joinMu    sync.Mutex
 	joins     map[string]*pendingJoin
+	accepted  map[string]int64
 	joinOrder int
 	joinWake  chan struct{}
 
@@ -181,7 +184,7 @@ func (a *principalActor) start(ctx actor.Context) {
 			}
 		}()
 	}
-	a.joins, a.joinWake = map[string]*pendingJoin{}, make(chan struct{}, 1)
+	a.joins, a.joinWake, a.accepted = map[string]*pendingJoin{}, make(chan struct{}, 1), map[string]int64{}
 	run("owed", func(ctx context.Context) error { a.members.sayOwed(ctx); return nil })
 	run("sync", a.syncLoop)
 	if a.deps.AutoJoin {

@@ -140,6 +140,7 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 			a.log.Warn().Str("event_id", r.EventID).Err(r.Err).Msg("Malformed event recorded and skipped")
 		}
 	}
+	a.caughtUp(batch)
 	if a.deps.OnSynced != nil {
 		a.deps.OnSynced(res)
 	}
@@ -315,6 +316,11 @@ func recovered(room string, newestFirst []json.RawMessage) []journal.Inbound {
 // batch fetched again after a crash fences nothing twice. A room the
 // journal never heard of reads as joined at epoch 0: fencing it only
 // records the room, which the join then enters.
+//
+// The one exception is the membership this run itself began by accepting
+// an invite (accept), until a sync has shown the room joined or left
+// (caughtUp): a homeserver may list the accepted invite again until its
+// sync stream has the join, and that listing ends nothing.
 func (a *principalActor) fenceInvited(ctx context.Context, room string) error {
 	epoch, departed, err := a.deps.Store.RoomEpoch(ctx, room)
 	if err != nil {
@@ -324,12 +330,22 @@ func (a *principalActor) fenceInvited(ctx context.Context, room string) error {
 		return nil
 	}
 	var outcome journal.DepartureOutcome
+	live := false
 	err = a.members.locked(func() (err error) {
+		// Checked under the membership lock, which accept records its
+		// join under: an epoch read after that join finds it here.
+		if live = a.acceptedAt(room, epoch); live {
+			return nil
+		}
 		outcome, err = a.members.fence(ctx, room, journal.DepartureRemoved, "invite@"+strconv.FormatInt(epoch, 10))
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("fence %s before its invite: %w", room, err)
+	}
+	if live {
+		a.log.Debug().Str("room_id", room).Int64("epoch", epoch).Msg("An accepted invite listed again; the membership it began goes on")
+		return nil
 	}
 	a.log.Info().Str("room_id", room).Int64("epoch", epoch).Stringer("outcome", outcome).Msg("Invited to a room the journal had the agent in; the old membership is fenced")
 	return nil
@@ -368,6 +384,9 @@ func (a *principalActor) queueJoins(since string, batch *matrix.SyncBatch) strin
 		}
 	}
 	for _, room := range batch.Invited {
+		if _, ok := a.accepted[room]; ok {
+			continue // listed again, accepted already (fenceInvited)
+		}
 		if _, ok := a.joins[room]; !ok {
 			a.joinOrder++
 			a.joins[room] = &pendingJoin{heldAt: since, order: a.joinOrder, due: a.deps.Now()}
@@ -504,11 +523,47 @@ func (a *principalActor) accept(ctx context.Context, room string) error {
 	if err := a.release(ctx, room); err != nil {
 		return fmt.Errorf("release the sync token held for %s: %w", room, err)
 	}
-	if err := a.members.locked(func() error { return a.members.join(ctx, room, "") }); err != nil {
+	err := a.members.locked(func() error {
+		if err := a.members.join(ctx, room, ""); err != nil {
+			return err
+		}
+		epoch, _, err := a.deps.Store.RoomEpoch(ctx, room)
+		if err != nil {
+			return err
+		}
+		a.joinMu.Lock()
+		a.accepted[room] = epoch
+		a.joinMu.Unlock()
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("record join of %s: %w", room, err)
 	}
 	a.log.Info().Str("room_id", room).Msg("Invite accepted")
 	return nil
+}
+
+// acceptedAt reports whether the membership at epoch of room is the one
+// this run began by accepting its invite, and no sync has shown the room
+// since.
+func (a *principalActor) acceptedAt(room string, epoch int64) bool {
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	at, ok := a.accepted[room]
+	return ok && at == epoch
+}
+
+// caughtUp forgets the accepted invites of the rooms an admitted batch
+// shows joined or left: the homeserver's sync stream has the join by then,
+// so an invite it lists later is a new one.
+func (a *principalActor) caughtUp(batch *matrix.SyncBatch) {
+	a.joinMu.Lock()
+	defer a.joinMu.Unlock()
+	for _, rooms := range [][]matrix.RoomTimeline{batch.Joined, batch.Left} {
+		for _, r := range rooms {
+			delete(a.accepted, r.RoomID)
+		}
+	}
 }
 
 // release writes the sync token an accepted invite no longer holds back,

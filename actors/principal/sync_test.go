@@ -422,3 +422,149 @@ func TestAnAcceptedInviteLetsGoOfTheSyncTokenBeforeTheJoinIsRecorded(t *testing.
 		t.Fatalf("with the join recorded the sync token is %q, want %q: the next_batch of the batch that listed the invite", tok, want)
 	}
 }
+
+// relistedInvite passes every call to the real homeserver; once armed, it
+// lists the invite of room once more, as a homeserver may until its sync
+// stream has the join. The sync after the one that listed the invite is
+// fetched again from the same token until it also brings body, so one
+// batch holds the join, a message of the new membership, and the invite
+// again; it is handed over once the journal has recorded the join.
+type relistedInvite struct {
+	principal.Transport
+	room, body string
+	store      journal.PrincipalStore
+	mu         sync.Mutex
+	armed      bool
+	stage      int   // 0 before the invite, 1 listed, 2 listed again, 3 that batch applied
+	epoch      int64 // the accepted membership's, when the invite was listed again
+	applied    chan struct{}
+}
+
+func (h *relistedInvite) arm() {
+	h.mu.Lock()
+	h.armed = true
+	h.mu.Unlock()
+}
+
+func (h *relistedInvite) Sync(ctx context.Context, since string, timeout time.Duration) (*matrix.SyncBatch, error) {
+	h.mu.Lock()
+	stage, armed := h.stage, h.armed
+	h.mu.Unlock()
+	switch {
+	case stage == 2:
+		h.mu.Lock()
+		h.stage = 3
+		h.mu.Unlock()
+		close(h.applied) // the sync loop syncs again only once a batch is applied
+	case stage == 1:
+		return h.relist(ctx, since, timeout)
+	}
+	batch, err := h.Transport.Sync(ctx, since, timeout)
+	if err == nil && armed && stage == 0 && slices.Contains(batch.Invited, h.room) {
+		h.mu.Lock()
+		h.stage = 1
+		h.mu.Unlock()
+	}
+	return batch, err
+}
+
+func (h *relistedInvite) relist(ctx context.Context, since string, timeout time.Duration) (*matrix.SyncBatch, error) {
+	for {
+		batch, err := h.Transport.Sync(ctx, since, timeout)
+		if err != nil {
+			return nil, err
+		}
+		if h.brings(batch) {
+			epoch, err := h.awaitJoinRecorded(ctx)
+			if err != nil {
+				return nil, err
+			}
+			h.mu.Lock()
+			h.stage, h.epoch = 2, epoch
+			h.mu.Unlock()
+			batch.Invited = append(batch.Invited, h.room)
+			return batch, nil
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// brings reports whether batch's timeline of room holds body.
+func (h *relistedInvite) brings(batch *matrix.SyncBatch) bool {
+	for _, r := range batch.Joined {
+		for _, raw := range r.Events {
+			if _, b := body(raw); r.RoomID == h.room && b == h.body {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// awaitJoinRecorded waits until the journal has the agent back in room (a
+// join commits no hint to wait on) and returns the epoch.
+func (h *relistedInvite) awaitJoinRecorded(ctx context.Context) (int64, error) {
+	for deadline := time.Now().Add(testDeadline); ; {
+		epoch, departed, err := h.store.RoomEpoch(ctx, h.room)
+		if err != nil || !departed {
+			return epoch, err
+		}
+		if time.Now().After(deadline) {
+			return 0, errors.New("the journal never recorded the rejoin")
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-time.After(d):
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func TestAnAcceptedInviteListedAgainBeforeTheSyncHasTheJoinFencesNothing(t *testing.T) {
+	f := newFixture(t)
+	relisted := &relistedInvite{room: f.room, body: "after the rejoin", applied: make(chan struct{})}
+	f.transport = func(t principal.Transport) principal.Transport {
+		relisted.Transport = t
+		return relisted
+	}
+	f.start()
+	relisted.store = f.view
+	f.awaitJoined()
+	res, err := f.system.Root.RequestFuture(f.pid, &principal.Leave{RoomID: f.room}, testDeadline).Result()
+	if err != nil || res.(*principal.Left).Err != nil {
+		t.Fatalf("leave: %v %v", err, res)
+	}
+	f.awaitNoOwedReports()
+	relisted.arm()
+	f.alice.Invite(f.room, f.bot.UserID)
+	f.awaitJoinedAgain()
+	f.alice.SendText(f.room, "after the rejoin")
+	select {
+	case <-relisted.applied:
+	case <-time.After(testDeadline):
+		t.Fatal("the batch that listed the invite again was never applied")
+	}
+	epoch, departed, err := f.view.RoomEpoch(f.ctx, f.room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relisted.mu.Lock()
+	want := relisted.epoch
+	relisted.mu.Unlock()
+	if departed || epoch != want {
+		t.Fatalf("after the accepted invite was listed again the room is at epoch %d (departed %v), want the live membership's %d", epoch, departed, want)
+	}
+	f.awaitReply("after the rejoin")
+	if got := f.replies(); got["echo: after the rejoin"] != 1 {
+		t.Fatalf("answers = %v, want the rejoined membership's message answered once", got)
+	}
+}
