@@ -14,17 +14,25 @@ import (
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
-func TestTheMembershipAppliesALeaveAndItsEchoInOrder(t *testing.T) {
-	ctx := context.Background()
+// viewWithMessage is a principal's view over an on-disk journal holding
+// one pending message, $a, in the room it returns.
+func viewWithMessage(t *testing.T) (journal.PrincipalStore, string) {
+	t.Helper()
 	s, _ := testsupport.MustOpen(t)
-	v, err := s.Principal(ctx, "helper", "@bot:example.org")
+	v, err := s.Principal(context.Background(), "helper", "@bot:example.org")
 	if err != nil {
 		t.Fatal(err)
 	}
 	room := "!room:example.org"
-	if _, err := v.AdmitBatch(ctx, mx.Live(room, mx.Message("$a", "@alice:example.org", 1000, "hi")), ""); err != nil {
+	if _, err := v.AdmitBatch(context.Background(), mx.Live(room, mx.Message("$a", "@alice:example.org", 1000, "hi")), "s1"); err != nil {
 		t.Fatal(err)
 	}
+	return v, room
+}
+
+func TestTheMembershipAppliesALeaveAndItsEchoInOrder(t *testing.T) {
+	ctx := context.Background()
+	v, room := viewWithMessage(t)
 	m := &membership{store: v, log: zerolog.Nop()}
 	for _, step := range []struct {
 		source      journal.DepartureSource
@@ -61,15 +69,7 @@ func TestTheMembershipAppliesALeaveAndItsEchoInOrder(t *testing.T) {
 
 func TestABackoffIsForgottenOnceItsEventIsNoLongerPending(t *testing.T) {
 	ctx := context.Background()
-	s, _ := testsupport.MustOpen(t)
-	v, err := s.Principal(ctx, "helper", "@bot:example.org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	room := "!room:example.org"
-	if _, err := v.AdmitBatch(ctx, mx.Live(room, mx.Message("$a", "@alice:example.org", 1000, "hi")), "s1"); err != nil {
-		t.Fatal(err)
-	}
+	v, _ := viewWithMessage(t)
 	failing := agent.AgentFunc(func(context.Context, agent.Turn) (agent.Reply, error) {
 		return agent.Reply{}, errors.New("model unavailable")
 	})
