@@ -23,6 +23,7 @@ func Run(t *testing.T, f Factory) {
 		{"LatestVisibleEvent", TestLatestVisibleEvent},
 		{"BadInput", TestBadInput},
 		{"Hydration", TestHydration},
+		{"AwaitingKeys", TestAwaitingKeys},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) { a.run(t, f) })

@@ -56,6 +56,10 @@ type AdmissionStore interface {
 	Projection(room string, seq int64, rebuilt bool) ProjectionStore
 	// StoreSyncToken stores the principal's sync token.
 	StoreSyncToken(token string) error
+	// Await marks the event just journaled at seq as ciphertext awaiting
+	// the megolm session, keeping raw (the event as received) to decrypt
+	// once the key comes.
+	Await(seq int64, room, session string, raw json.RawMessage) error
 }
 
 // AdmitBatch journals one parsed sync batch for the principal self: each
@@ -83,6 +87,17 @@ func AdmitBatch(s AdmissionStore, self string, events []Parsed, nextBatch string
 				return nil, nil, fmt.Errorf("read membership: %w", err)
 			}
 			rooms[ev.RoomID] = room
+		}
+		if awaits(pe) {
+			admitted, err := await(s, ev, pe.In, room.Epoch)
+			if err != nil {
+				return nil, nil, fmt.Errorf("admit %s: %w", ev.ID, err)
+			}
+			results[i] = AdmitResult{EventID: ev.ID, Outcome: Duplicate}
+			if admitted {
+				results[i] = AdmitResult{EventID: ev.ID, Outcome: Admitted, Class: ContextOnly, Awaiting: true}
+			}
+			continue
 		}
 		class := Classify(ev, self, room.Departed)
 		seq, admitted, err := insert(s, ev, class, room.Epoch)
@@ -133,6 +148,18 @@ func InstallHistory(s AdmissionStore, self, room string, epoch int64, events []P
 		ev := pe.Event
 		if ev.RoomID != room || ev.Provenance != History {
 			return res, fmt.Errorf("%w: %s is not history of %s", ErrInvalidArgument, ev.ID, room)
+		}
+		if awaits(pe) {
+			admitted, err := await(s, ev, pe.In, state.Epoch)
+			if err != nil {
+				return res, fmt.Errorf("install %s: %w", ev.ID, err)
+			}
+			if admitted {
+				res.Admitted++
+			} else {
+				res.Known++
+			}
+			continue
 		}
 		seq, admitted, err := insert(s, ev, Classify(ev, self, false), state.Epoch)
 		if err != nil {
@@ -197,15 +224,9 @@ func JournalContext(s AdmissionStore, ev *Event) error {
 // everything else is settled from the start. A relation belongs to the
 // thread of the event it relates to.
 func insert(s AdmissionStore, ev *Event, class Class, epoch int64) (int64, bool, error) {
-	thread := ev.Thread
-	if ev.Kind == KindEdit || ev.Kind == KindReaction {
-		t, ok, err := s.ThreadOf(ev.RoomID, ev.Target)
-		if err != nil {
-			return 0, false, err
-		}
-		if ok {
-			thread = t
-		}
+	thread, err := relationThread(s, ev)
+	if err != nil {
+		return 0, false, err
 	}
 	seq, admitted, err := s.Insert(ev, thread, class, class == Actionable, epoch)
 	if admitted {
@@ -214,7 +235,12 @@ func insert(s AdmissionStore, ev *Event, class Class, epoch int64) (int64, bool,
 	return seq, admitted, err
 }
 
-func recordRejected(s AdmissionStore, in Inbound, eventID string, reason error) error {
+// rejectedRecorder keeps malformed events.
+type rejectedRecorder interface {
+	RecordRejected(in Inbound, eventID string, reason error) error
+}
+
+func recordRejected(s rejectedRecorder, in Inbound, eventID string, reason error) error {
 	if err := s.RecordRejected(in, eventID, reason); err != nil {
 		return fmt.Errorf("record rejected event: %w", err)
 	}

@@ -141,6 +141,14 @@ type Inbound struct {
 	Provenance Provenance
 	// Event is the event's JSON as received.
 	Event json.RawMessage
+	// AwaitingSession is set for an encrypted event the daemon holds no
+	// key for yet: the megolm session it waits on. The event is journaled
+	// as ciphertext awaiting that key, never actionable until decrypted.
+	AwaitingSession string
+	// Undecryptable says why an encrypted event can never be decrypted
+	// (malformed ciphertext, an unknown algorithm, a replayed message
+	// index): the event is malformed, recorded as rejected and skipped.
+	Undecryptable string
 }
 
 // Event is a validated inbound event with the fields the journal's rules read.
@@ -232,6 +240,9 @@ func ParseEvent(in Inbound, now time.Time) (*Event, error) {
 	}
 	if len(in.Event) > maxEventBytes {
 		return nil, eventErr("event", "larger than 1 MiB")
+	}
+	if in.Undecryptable != "" {
+		return nil, eventErr("content", "undecryptable: "+in.Undecryptable)
 	}
 	if !utf8.Valid(in.Event) {
 		return nil, eventErr("event", "not valid UTF-8")

@@ -41,6 +41,8 @@ type AdmitResult struct {
 	Outcome Outcome
 	// Class is set for admitted events.
 	Class Class
+	// Awaiting is set for an encrypted event admitted to wait for its key.
+	Awaiting bool
 	// Err explains a rejection (an *EventError).
 	Err error
 }
@@ -220,6 +222,7 @@ type PrincipalStore interface {
 	TurnRecords
 	Membership
 	Hydration
+	Keys
 	// Principal names the principal this view is bound to.
 	Principal() Principal
 }

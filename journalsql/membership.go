@@ -36,8 +36,11 @@ func (f fence) Membership(room string) (int64, bool, error) { return membershipO
 
 // fenceStatements remove what was derived from the ended membership: the
 // epoch moves on, and the visible rows, held edits, tombstones and
-// coverage markers go. Each takes (principal, room).
-var fenceStatements = [...]Stmt{UpsertDeparture, FenceVisible, FenceHeldEdits, FenceTombstones, FenceCoverage}
+// coverage markers go, and so do the events still awaiting their keys
+// (settled, their ciphertext dropped: a key that comes later finds nothing
+// of the old membership to make work of). Each takes (principal, room).
+var fenceStatements = [...]Stmt{UpsertDeparture, FenceVisible, FenceHeldEdits, FenceTombstones, FenceCoverage,
+	FenceAwaiting, FenceAwaitingKeys}
 
 // EndMembership implements journal.MembershipStore: a new epoch, and in
 // the same transaction everything derived from the old membership goes.

@@ -70,7 +70,7 @@ func (j *projector) Tombstone(room, eventID string) error {
 // Journaled implements journal.ProjectionStore.
 func (j *projector) Journaled(room, eventID string) (bool, error) {
 	var thread string
-	err := j.tx.QueryRow(SelectThreadOf, j.p.ID, EventKey(eventID), room).Scan(&thread)
+	err := j.tx.QueryRow(ProbeJournaled, j.p.ID, EventKey(eventID), room).Scan(&thread)
 	if j.tx.NoRows(err) {
 		return false, nil
 	}

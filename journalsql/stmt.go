@@ -39,6 +39,7 @@ const (
 	TakeHeldEdits         // (principal, room, target) → sender, edit_id, edit_ts, content, taking them
 	ClearHeldEdit         // (principal, room, edit_id)
 	SelectJournalEdit     // (principal, EventKey, room) → target_id, of an edit
+	ProbeJournaled        // (principal, EventKey, room) → thread_id, of an event not awaiting its key
 
 	// The outbox. Rows read are in scanDelivery's column order.
 
@@ -93,6 +94,21 @@ const (
 	SelectDebt      // (principal, EventKey, room) → seq, sender, revision_id, revision_ts, refresh token
 	SelectDebtEpoch // (principal, EventKey, room) → refresh token, epoch, departed
 	InstallRevision // (revision_id, revision_ts, content, seq)
+
+	// Encrypted events awaiting their keys.
+
+	MarkAwaiting         // (seq); the journal row waits for its key
+	InsertAwaiting       // (seq, principal, room, session_id, event, received_ms)
+	SelectAwaitingRow    // (principal, seq) → room_id, epoch, provenance; only while awaiting
+	ResolveDecrypted     // (kind, class, thread_id, target_id, state, principal, seq)
+	InsertPayload        // (seq, payload)
+	SettleUndecryptable  // (principal, seq)
+	DeleteAwaiting       // (principal, seq)
+	SelectKeyWaits       // (principal, limit) → room_id, session_id
+	SelectAwaitingFor    // (principal, room, session_id, limit) → seq, event_id, provenance, event
+	SelectExpiredAwaited // (principal, cutoff ms, limit) → seq
+	FenceAwaiting        // (principal, room); the journal rows settle
+	FenceAwaitingKeys    // (principal, room); the ciphertexts go
 
 	// Operator reads.
 

@@ -39,6 +39,7 @@ var statements = [journalsql.NumStmts]string{
 	journalsql.TakeHeldEdits:         takeHeldEditsFor,
 	journalsql.ClearHeldEdit:         clearHeldEdit,
 	journalsql.SelectJournalEdit:     selectJournalEdit,
+	journalsql.ProbeJournaled:        probeJournaled,
 
 	journalsql.SelectDelivery:       selectDelivery,
 	journalsql.SelectRetiredStage:   selectRetiredStage,
@@ -85,6 +86,19 @@ var statements = [journalsql.NumStmts]string{
 	journalsql.SelectDebt:      selectDebt,
 	journalsql.SelectDebtEpoch: selectDebtEpoch,
 	journalsql.InstallRevision: installRevision,
+
+	journalsql.MarkAwaiting:         markAwaiting,
+	journalsql.InsertAwaiting:       insertAwaiting,
+	journalsql.SelectAwaitingRow:    selectAwaitingRow,
+	journalsql.ResolveDecrypted:     resolveDecrypted,
+	journalsql.InsertPayload:        insertPayload,
+	journalsql.SettleUndecryptable:  settleUndecryptable,
+	journalsql.DeleteAwaiting:       deleteAwaiting,
+	journalsql.SelectKeyWaits:       selectKeyWaits,
+	journalsql.SelectAwaitingFor:    selectAwaitingFor,
+	journalsql.SelectExpiredAwaited: selectExpiredAwaited,
+	journalsql.FenceAwaiting:        fenceAwaiting,
+	journalsql.FenceAwaitingKeys:    fenceAwaitingKeys,
 
 	journalsql.SelectStatus:  selectStatus,
 	journalsql.SelectBacklog: selectBacklog,
