@@ -1,6 +1,10 @@
 # mindroomd — build, test and benchmark targets. CI runs `make test` through .ci/run.
 
 GO        ?= go
+# End-to-end encryption uses mautrix's pure-Go olm (goolm): no libolm and
+# no cgo beyond SQLite's. Every go command below, and each one the tests
+# start, builds with the tag.
+export GOFLAGS := $(strip $(GOFLAGS) -tags=goolm)
 PKGS      := ./...
 BENCHTIME ?= 3x
 # BENCH_N sizes the conversation the walk and deep-page benchmarks build.

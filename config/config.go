@@ -34,7 +34,12 @@ import (
 // left out stay zero here, and the back-end gives them its defaults.
 const (
 	DefaultStorage = journal.DefaultStorageDir
-	DefaultListen  = "127.0.0.1:8787"
+	// DefaultPickleKeyFile is the pickle key's file under the storage
+	// directory.
+	DefaultPickleKeyFile = "pickle.key"
+	// DefaultKeyDeadline is how long an encrypted event waits for its key.
+	DefaultKeyDeadline = 24 * time.Hour
+	DefaultListen      = "127.0.0.1:8787"
 )
 
 // MaxContextMessages bounds context_messages: the history of one request is
@@ -145,6 +150,14 @@ type Config struct {
 	// DatabaseURL is the URL read from DatabaseURLFile or
 	// MINDROOM_DATABASE_URL (which wins); it holds a password.
 	DatabaseURL Secret `yaml:"-"`
+	// PickleKeyFile names the secret file whose key encrypts the agents'
+	// olm accounts and sessions in the crypto store. The daemon generates
+	// it (0600) on its first start when it is absent. Default
+	// <storage>/pickle.key.
+	PickleKeyFile string `yaml:"pickle_key_file"`
+	// KeyDeadline is how long an encrypted event may wait for its key
+	// before it is settled as undecryptable. Default 24h.
+	KeyDeadline time.Duration `yaml:"key_deadline"`
 	// Listen is the HTTP API's host:port. Default 127.0.0.1:8787. Any
 	// address that is not loopback requires every agent's api_token_file.
 	Listen string `yaml:"listen"`
@@ -281,6 +294,12 @@ func Parse(data []byte, dir string, lookupEnv func(string) (string, bool)) (*Con
 	if !storageFromEnv && !filepath.IsAbs(cfg.Storage) {
 		cfg.Storage = filepath.Join(dir, cfg.Storage)
 	}
+	switch {
+	case cfg.PickleKeyFile == "":
+		cfg.PickleKeyFile = filepath.Join(cfg.Storage, DefaultPickleKeyFile)
+	case !filepath.IsAbs(cfg.PickleKeyFile):
+		cfg.PickleKeyFile = filepath.Join(dir, cfg.PickleKeyFile)
+	}
 	if err := cfg.readSecrets(dir); err != nil {
 		return nil, err
 	}
@@ -337,12 +356,18 @@ func (c *Config) applyDefaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
+	if c.KeyDeadline == 0 {
+		c.KeyDeadline = DefaultKeyDeadline
+	}
 }
 
 // validate judges the configuration as it is; it changes nothing.
 func (c *Config) validate() error {
 	if err := checkHTTPURL(c.Homeserver); err != nil {
 		return &Error{Field: "homeserver", Err: err}
+	}
+	if c.KeyDeadline < time.Minute {
+		return &Error{Field: "key_deadline", Err: errors.New("must be at least 1m")}
 	}
 	loopback, err := checkListen(c.Listen)
 	if err != nil {

@@ -107,6 +107,8 @@ type Client struct {
 	relogging sync.Mutex
 	// warned is set once a refused token without a password was logged.
 	warned bool
+	// encrypter seals sends into encrypted rooms (SetEncrypter).
+	encrypter Encrypter
 }
 
 // Login connects cfg's agent, keeping the device of its previous run.

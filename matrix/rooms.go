@@ -103,7 +103,10 @@ func (c *Client) Event(ctx context.Context, room, eventID string) (json.RawMessa
 // Send puts content, sent byte for byte, into room as an eventType event
 // under txnID. The server deduplicates a repeated txnID from the same
 // device and answers with the first send's event ID; there is no default
-// transaction ID, since a random one would defeat that.
+// transaction ID, since a random one would defeat that. In an encrypted
+// room the client's Encrypter seals the event first; a retry seals it
+// again, another ciphertext under the same txnID, which the server still
+// answers with the first send's event.
 func (c *Client) Send(ctx context.Context, room, eventType, txnID string, content json.RawMessage) (eventID string, err error) {
 	switch {
 	case txnID == "":
@@ -112,6 +115,10 @@ func (c *Client) Send(ctx context.Context, room, eventType, txnID string, conten
 		return "", errors.New("send: an event type is required")
 	case len(content) == 0:
 		return "", errors.New("send: content is required")
+	}
+	eventType, content, err = c.seal(ctx, room, eventType, content)
+	if err != nil {
+		return "", fmt.Errorf("send to %s: %w", room, err)
 	}
 	var resp struct {
 		EventID string `json:"event_id"`

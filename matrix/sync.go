@@ -43,6 +43,24 @@ type SyncBatch struct {
 	// Left are the rooms the user left or was removed from, with their
 	// final timeline, by room ID.
 	Left []RoomTimeline
+	// Crypto is what the response holds for the account's device: its
+	// to-device messages, the device lists that changed and its one-time
+	// key counts. The journal admits none of it; the crypto engine takes
+	// it before the batch is admitted.
+	Crypto DeviceNews
+}
+
+// DeviceNews is the part of a sync response addressed to the device.
+type DeviceNews struct {
+	// ToDevice are the to-device events, each the raw JSON the server sent.
+	ToDevice []json.RawMessage
+	// DeviceLists names the users whose devices changed, or who share no
+	// encrypted room with the account any more.
+	DeviceLists mautrix.DeviceLists
+	// OneTimeKeys counts the device's one-time keys left on the server.
+	OneTimeKeys mautrix.OTKCount
+	// FallbackKeyTypes lists the algorithms of the unused fallback keys.
+	FallbackKeyTypes []string
 }
 
 // RoomTimeline is one room's timeline in a sync.
@@ -56,6 +74,9 @@ type RoomTimeline struct {
 	Limited bool
 	// PrevBatch is the /messages token just before Events.
 	PrevBatch string
+	// State are the room's state events the response holds apart from its
+	// timeline (the whole state at the first sync of a room), raw.
+	State []json.RawMessage
 }
 
 // syncResponse is the part of a sync body the port reads. Events stay
@@ -67,9 +88,18 @@ type syncResponse struct {
 		Invite map[string]json.RawMessage `json:"invite"`
 		Leave  map[string]roomResponse    `json:"leave"`
 	} `json:"rooms"`
+	ToDevice struct {
+		Events []json.RawMessage `json:"events"`
+	} `json:"to_device"`
+	DeviceLists      mautrix.DeviceLists `json:"device_lists"`
+	OneTimeKeys      mautrix.OTKCount    `json:"device_one_time_keys_count"`
+	FallbackKeyTypes []string            `json:"device_unused_fallback_key_types"`
 }
 
 type roomResponse struct {
+	State struct {
+		Events []json.RawMessage `json:"events"`
+	} `json:"state"`
 	Timeline struct {
 		Events    []json.RawMessage `json:"events"`
 		Limited   bool              `json:"limited"`
@@ -95,7 +125,9 @@ func (c *Client) Sync(ctx context.Context, since string, timeout time.Duration) 
 	if resp.NextBatch == "" {
 		return nil, errors.New("sync: the homeserver returned no next_batch")
 	}
-	b := &SyncBatch{NextBatch: resp.NextBatch, Joined: timelines(resp.Rooms.Join), Left: timelines(resp.Rooms.Leave)}
+	b := &SyncBatch{NextBatch: resp.NextBatch, Joined: timelines(resp.Rooms.Join), Left: timelines(resp.Rooms.Leave),
+		Crypto: DeviceNews{ToDevice: resp.ToDevice.Events, DeviceLists: resp.DeviceLists, OneTimeKeys: resp.OneTimeKeys,
+			FallbackKeyTypes: resp.FallbackKeyTypes}}
 	for room := range resp.Rooms.Invite {
 		b.Invited = append(b.Invited, room)
 	}
@@ -108,7 +140,8 @@ func (c *Client) Sync(ctx context.Context, since string, timeout time.Duration) 
 func timelines(rooms map[string]roomResponse) []RoomTimeline {
 	out := make([]RoomTimeline, 0, len(rooms))
 	for room, r := range rooms {
-		out = append(out, RoomTimeline{RoomID: room, Events: r.Timeline.Events, Limited: r.Timeline.Limited, PrevBatch: r.Timeline.PrevBatch})
+		out = append(out, RoomTimeline{RoomID: room, Events: r.Timeline.Events, Limited: r.Timeline.Limited, PrevBatch: r.Timeline.PrevBatch,
+			State: r.State.Events})
 	}
 	slices.SortFunc(out, func(a, b RoomTimeline) int { return strings.Compare(a.RoomID, b.RoomID) })
 	return out

@@ -28,6 +28,9 @@ const (
 	DefaultSyncTimeout = 30 * time.Second
 	DefaultBackoffBase = time.Second
 	DefaultBackoffMax  = 5 * time.Minute
+	// DefaultKeyDeadline is how long an encrypted event waits for its key
+	// (a day: a sender's device offline overnight still shares it).
+	DefaultKeyDeadline = 24 * time.Hour
 )
 
 // Deps are the actor's collaborators.
@@ -53,6 +56,14 @@ type Deps struct {
 	// the outbox. Nil takes it from Store when Store has one
 	// (store.View.Hints); Props panics when there is none.
 	Hints *hint.Bus
+	// Crypto, when set, is the account's end-to-end encryption: it takes
+	// each sync response's device news before the batch is admitted and
+	// decrypts what the batch brings. Without it ciphertext is journaled
+	// as context only.
+	Crypto Crypto
+	// KeyDeadline is how long an encrypted event may wait for its key
+	// before it is settled as undecryptable (DefaultKeyDeadline).
+	KeyDeadline time.Duration
 	// AutoJoin accepts room invites.
 	AutoJoin bool
 	// Placeholder, when set, is the content of a placeholder sent before
@@ -89,6 +100,9 @@ func Props(d Deps) *actor.Props {
 	}
 	if d.BackoffMax <= 0 {
 		d.BackoffMax = DefaultBackoffMax
+	}
+	if d.KeyDeadline <= 0 {
+		d.KeyDeadline = DefaultKeyDeadline
 	}
 	if d.Hints == nil {
 		// A bus of its own would never hear a commit, and the principal
@@ -187,6 +201,9 @@ func (a *principalActor) start(ctx actor.Context) {
 	a.joins, a.joinWake, a.accepted = map[string]*pendingJoin{}, make(chan struct{}, 1), map[string]int64{}
 	run("owed", func(ctx context.Context) error { a.members.sayOwed(ctx); return nil })
 	run("sync", a.syncLoop)
+	if a.deps.Crypto != nil {
+		run("keys", a.keysLoop)
+	}
 	if a.deps.AutoJoin {
 		run("join", a.joinLoop)
 	}

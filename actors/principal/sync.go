@@ -94,6 +94,11 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 	if since == "" {
 		prov = journal.History
 	}
+	if c := a.deps.Crypto; c != nil {
+		if err := c.ProcessSync(ctx, since, batch); err != nil {
+			return fmt.Errorf("take device news: %w", err)
+		}
+	}
 	var in []journal.Inbound
 	for _, rooms := range [][]matrix.RoomTimeline{batch.Left, batch.Joined} {
 		for _, r := range rooms {
@@ -131,9 +136,13 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 			return err
 		}
 	}
+	a.decrypt(ctx, in)
 	res, err := a.admit(ctx, since, batch, in)
 	if err != nil {
 		return fmt.Errorf("admit: %w", err)
+	}
+	if err := a.keysArrived(ctx); err != nil {
+		return err
 	}
 	for _, r := range res {
 		if r.Outcome == journal.Rejected {

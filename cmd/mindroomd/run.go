@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/metrics"
@@ -46,6 +48,11 @@ type daemon struct {
 	metrics   *metrics.Metrics
 	server    *http.Server
 	faults    chan error
+	// crypto is the agents' crypto store, and machines their olm
+	// machines; both close after the principals stop.
+	crypto    *e2ee.Store
+	machines  []*e2ee.Machine
+	pickleKey []byte
 }
 
 // runDaemon runs the agents cfgPath configures until ctx ends or a fault
@@ -74,6 +81,9 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 		return err
 	}
 	d.store = js
+	if err := d.openCrypto(ctx, cfg); err != nil {
+		return err
+	}
 	d.system = actors.NewSystem(d.log)
 	for i, a := range cfg.Agents {
 		if err := d.startAgent(ctx, cfg, a, answers[i]); err != nil {
@@ -108,6 +118,21 @@ func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (*store.St
 	opts := journalOptions(cfg)
 	opts.Log, opts.OnCommit, opts.OnBusy = d.log, d.metrics.Committed, d.metrics.Busy
 	return store.Open(ctx, opts)
+}
+
+// openCrypto opens the agents' crypto store, in the journal's PostgreSQL
+// database or in its own file beside the SQLite journal, and reads (or on
+// the first start generates) the pickle key.
+func (d *daemon) openCrypto(ctx context.Context, cfg *config.Config) (err error) {
+	if d.pickleKey, err = e2ee.LoadPickleKey(cfg.PickleKeyFile); err != nil {
+		return err
+	}
+	if url := cfg.DatabaseURL.Reveal(); url != "" {
+		d.crypto, err = e2ee.OpenPostgres(ctx, url)
+	} else {
+		d.crypto, err = e2ee.OpenSQLite(ctx, filepath.Join(cfg.Storage, e2ee.FileName))
+	}
+	return err
 }
 
 // backend is the Agent the i-th agent's back-end answers with, logging to
@@ -156,6 +181,14 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	if err != nil {
 		return err
 	}
+	machine, err := d.crypto.Machine(ctx, e2ee.Options{Account: view.Principal().String(), Client: client,
+		PickleKey: d.pickleKey, Log: log})
+	if err != nil {
+		return err
+	}
+	d.machines = append(d.machines, machine)
+	client.SetEncrypter(machine)
+	log.Info().Str("device_id", machine.DeviceID()).Msg("End-to-end encryption ready")
 	onSynced, onDelivery := d.metrics.Agent(a.Name)
 	walked := d.metrics.Hydration(a.Name)
 	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client,
@@ -170,6 +203,7 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		Store: view, Conversation: conversation, Transport: client, Agent: answer, Placeholder: placeholderOf(answer),
 		Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client), DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
+		Crypto: machine, KeyDeadline: cfg.KeyDeadline,
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
 	}))
 	d.actors = append(d.actors, pid)
@@ -289,8 +323,15 @@ func (d *daemon) stop() error {
 			d.log.Warn().Err(err).Msg("Stopping an agent's actor failed")
 		}
 	}
-	if d.store == nil {
-		return nil
+	for _, m := range d.machines {
+		m.Close()
 	}
-	return d.store.Close()
+	var cerr error
+	if d.crypto != nil {
+		cerr = d.crypto.Close()
+	}
+	if d.store == nil {
+		return cerr
+	}
+	return errors.Join(d.store.Close(), cerr)
 }

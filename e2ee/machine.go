@@ -1,0 +1,386 @@
+package e2ee
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/rs/zerolog"
+	"maunium.net/go/mautrix"
+	"maunium.net/go/mautrix/crypto"
+	"maunium.net/go/mautrix/event"
+	"maunium.net/go/mautrix/id"
+
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/matrix"
+)
+
+// Options configure one agent's machine.
+type Options struct {
+	// Account keys the agent's olm account in the store: the principal's
+	// name, so two agents never share an account and one agent keeps its
+	// own across restarts and re-logins.
+	Account string
+	// Client is the agent's logged-in client; its device is the olm
+	// account's device.
+	Client *matrix.Client
+	// PickleKey encrypts the account and its sessions at rest.
+	PickleKey []byte `json:"-"`
+	// Log receives the machine's records.
+	Log zerolog.Logger
+}
+
+// Machine is one agent's end-to-end encryption: its olm account and device,
+// driven by the principal's sync loop.
+type Machine struct {
+	mach   *crypto.OlmMachine
+	crypto *crypto.SQLCryptoStore
+	store  *Store
+	log    zerolog.Logger
+	self   id.UserID
+
+	mu sync.Mutex
+	// received are the megolm sessions stored since the principal last
+	// took them: events may be waiting on them.
+	received map[journal.KeyWait]struct{}
+	// wanted are sessions an event waits on whose key was not asked for
+	// yet in this run; asked are those already asked for.
+	wanted map[journal.KeyWait]keyRequest
+	asked  map[journal.KeyWait]struct{}
+}
+
+// keyRequest is what a room key request names.
+type keyRequest struct {
+	sender    id.UserID
+	senderKey id.SenderKey
+}
+
+// Machine loads (or on the first start creates) the agent's olm account
+// and publishes its device keys. A pickle key that does not open the
+// stored account, or stored keys other than those the homeserver publishes
+// for the device, are ErrRefused: a new account would silently lose every
+// session the old one holds.
+func (s *Store) Machine(ctx context.Context, o Options) (*Machine, error) {
+	mx := o.Client.CryptoClient()
+	cs := crypto.NewSQLCryptoStore(s.db, nil, o.Account, mx.DeviceID, o.PickleKey)
+	stored, err := cs.FindDeviceID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read olm account: %w", err)
+	}
+	if stored != "" && stored != mx.DeviceID {
+		// The account's keys were published for a device the agent no
+		// longer signs in on: the new device needs an account of its own.
+		o.Log.Warn().Str("agent", o.Account).Str("old_device_id", stored.String()).Str("device_id", mx.DeviceID.String()).
+			Msg("The Matrix device changed: a new olm account is created for it; keys shared with the old device do not carry over")
+		if err := s.forgetAccount(ctx, o.Account); err != nil {
+			return nil, err
+		}
+	}
+	log := o.Log.With().Str("agent", o.Account).Logger()
+	mlog := log.Level(zerolog.WarnLevel)
+	m := &Machine{
+		crypto: cs, store: s, log: log, self: mx.UserID,
+		received: make(map[journal.KeyWait]struct{}),
+		wanted:   make(map[journal.KeyWait]keyRequest),
+		asked:    make(map[journal.KeyWait]struct{}),
+	}
+	m.mach = crypto.NewOlmMachine(mx, &mlog, cs, s.state)
+	m.mach.SessionReceived = m.sessionReceived
+	if err := m.mach.Load(ctx); err != nil {
+		return nil, fmt.Errorf("%w: the pickle key does not open %s's olm account: %w", ErrRefused, o.Account, err)
+	}
+	if err := m.publish(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// forgetAccount drops an agent's olm account (not its megolm sessions,
+// which still decrypt what they were shared for).
+func (s *Store) forgetAccount(ctx context.Context, account string) error {
+	if _, err := s.db.Exec(ctx, deleteAccount, account); err != nil {
+		return fmt.Errorf("drop olm account of an old device: %w", err)
+	}
+	return nil
+}
+
+// deleteAccount removes an olm account (its olm sessions go by cascade).
+const deleteAccount = `DELETE FROM crypto_account WHERE account_id = $1`
+
+// publish uploads the device's keys on the first start and, on later
+// ones, checks that the homeserver still publishes this account's keys
+// for the device.
+func (m *Machine) publish(ctx context.Context) error {
+	acc := m.mach.GetAccount()
+	if !acc.Shared {
+		if err := m.mach.ShareKeys(ctx, -1); err != nil {
+			return fmt.Errorf("upload device keys: %w", err)
+		}
+		m.log.Info().Str("device_id", m.mach.Client.DeviceID.String()).Msg("Device keys uploaded")
+		return nil
+	}
+	resp, err := m.mach.Client.QueryKeys(ctx, &mautrix.ReqQueryKeys{
+		DeviceKeys: mautrix.DeviceKeysRequest{m.self: mautrix.DeviceIDList{m.mach.Client.DeviceID}},
+	})
+	if err != nil {
+		return fmt.Errorf("query own device keys: %w", err)
+	}
+	published, ok := resp.DeviceKeys[m.self][m.mach.Client.DeviceID]
+	signing, identity := acc.Keys()
+	switch {
+	case !ok:
+		// The server forgot the keys (a device deleted and made again):
+		// publish them again.
+		acc.Shared = false
+		if err := m.mach.ShareKeys(ctx, -1); err != nil {
+			return fmt.Errorf("upload device keys again: %w", err)
+		}
+		return nil
+	case published.Keys.GetEd25519(m.mach.Client.DeviceID) != signing || published.Keys.GetCurve25519(m.mach.Client.DeviceID) != identity:
+		return fmt.Errorf("%w: the homeserver publishes other keys for device %s than this crypto store holds: it belongs to another account or device",
+			ErrRefused, m.mach.Client.DeviceID)
+	}
+	return nil
+}
+
+// DeviceID is the device the account belongs to.
+func (m *Machine) DeviceID() string { return m.mach.Client.DeviceID.String() }
+
+// Close stops the machine's background work.
+func (m *Machine) Close() { m.mach.Destroy() }
+
+// sessionReceived notes a stored megolm session: events may wait on it.
+func (m *Machine) sessionReceived(_ context.Context, room id.RoomID, session id.SessionID, _ uint32) {
+	m.mu.Lock()
+	m.received[journal.KeyWait{RoomID: room.String(), Session: session.String()}] = struct{}{}
+	m.mu.Unlock()
+}
+
+// TakeReceived returns the megolm sessions stored since the last call.
+func (m *Machine) TakeReceived() []journal.KeyWait {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]journal.KeyWait, 0, len(m.received))
+	for w := range m.received {
+		out = append(out, w)
+	}
+	clear(m.received)
+	return out
+}
+
+// ProcessSync takes what a sync response holds for the device, before the
+// journal admits its events: the rooms' encryption settings and members,
+// then the to-device messages (room keys among them), device list changes
+// and one-time key counts, each kept in the crypto store. A crash before
+// the batch commits brings the same response again; olm's replay check
+// makes its to-device messages harmless the second time.
+func (m *Machine) ProcessSync(ctx context.Context, since string, b *matrix.SyncBatch) error {
+	for _, rooms := range [][]matrix.RoomTimeline{b.Left, b.Joined} {
+		for _, r := range rooms {
+			for _, list := range [][]json.RawMessage{r.State, r.Events} {
+				for _, raw := range list {
+					if err := m.observeState(ctx, r.RoomID, raw); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	resp := &mautrix.RespSync{DeviceLists: b.Crypto.DeviceLists, DeviceOTKCount: b.Crypto.OneTimeKeys}
+	for _, raw := range b.Crypto.ToDevice {
+		evt := &event.Event{}
+		if err := json.Unmarshal(raw, evt); err != nil {
+			m.log.Warn().Err(err).Msg("Malformed to-device event skipped")
+			continue
+		}
+		resp.ToDevice.Events = append(resp.ToDevice.Events, evt)
+	}
+	m.mach.ProcessSyncResponse(ctx, resp, since)
+	return nil
+}
+
+// stateTypes are the state events encryption reads.
+var stateTypes = map[string]bool{
+	event.StateMember.Type: true, event.StateEncryption.Type: true, event.StateHistoryVisibility.Type: true,
+	event.StateCreate.Type: true,
+}
+
+// observeState keeps a state event that encryption reads.
+func (m *Machine) observeState(ctx context.Context, room string, raw json.RawMessage) error {
+	if !bytes.Contains(raw, []byte(`"state_key"`)) {
+		return nil
+	}
+	var head struct {
+		Type     string  `json:"type"`
+		StateKey *string `json:"state_key"`
+	}
+	if json.Unmarshal(raw, &head) != nil || head.StateKey == nil || !stateTypes[head.Type] {
+		return nil
+	}
+	evt := &event.Event{}
+	if err := json.Unmarshal(raw, evt); err != nil {
+		return nil // admission records what is malformed
+	}
+	evt.RoomID = id.RoomID(room)
+	evt.Type.Class = event.StateEventType
+	if err := evt.Content.ParseRaw(evt.Type); err != nil {
+		return nil
+	}
+	mautrix.UpdateStateStore(ctx, m.store.state, evt)
+	if evt.Type == event.StateMember {
+		m.mach.HandleMemberEvent(ctx, evt)
+	}
+	return nil
+}
+
+// encryptedType is in the JSON of every encrypted event that escapes no
+// character.
+var encryptedType = []byte(`"m.room.encrypted"`)
+
+// Decrypt returns in as the journal should admit it: a clear event as it
+// came; an encrypted one it can decrypt as the cleartext event (the outer
+// event's ID, sender, timestamp and unsigned data, the inner type and
+// content); one whose key it lacks marked as awaiting that session; one
+// that can never decrypt marked undecryptable, for the journal to record
+// and skip.
+func (m *Machine) Decrypt(ctx context.Context, in journal.Inbound) journal.Inbound {
+	if !bytes.Contains(in.Event, encryptedType) && !bytes.Contains(in.Event, []byte(`\u`)) {
+		return in
+	}
+	evt := &event.Event{}
+	if err := json.Unmarshal(in.Event, evt); err != nil || evt.Type != event.EventEncrypted {
+		return in // the journal reads (or rejects) it as it is
+	}
+	if len(evt.Content.VeryRaw) == 0 || bytes.Equal(bytes.TrimSpace(evt.Content.VeryRaw), []byte("{}")) {
+		return in // redacted: nothing left to decrypt, journaled as context
+	}
+	evt.RoomID = id.RoomID(in.RoomID)
+	evt.Type.Class = event.MessageEventType
+	if err := evt.Content.ParseRaw(evt.Type); err != nil {
+		in.Undecryptable = "malformed encrypted content"
+		return in
+	}
+	content := evt.Content.AsEncrypted()
+	clear, err := m.mach.DecryptMegolmEvent(ctx, evt)
+	switch {
+	case err == nil:
+	case errors.Is(err, crypto.ErrNoSessionFound), errors.Is(err, crypto.ErrGroupSessionWithheld):
+		w := journal.KeyWait{RoomID: in.RoomID, Session: content.SessionID.String()}
+		in.AwaitingSession = w.Session
+		m.mu.Lock()
+		if _, done := m.asked[w]; !done {
+			m.wanted[w] = keyRequest{sender: evt.Sender, senderKey: content.SenderKey}
+		}
+		m.mu.Unlock()
+		return in
+	default:
+		in.Undecryptable = undecryptableReason(err)
+		return in
+	}
+	raw, err := cleartext(in.Event, clear)
+	if err != nil {
+		in.Undecryptable = "the cleartext does not encode"
+		return in
+	}
+	return journal.Inbound{RoomID: in.RoomID, Provenance: in.Provenance, Event: raw}
+}
+
+// undecryptableReason names why a ciphertext can never decrypt, without
+// quoting it.
+func undecryptableReason(err error) string {
+	for _, known := range []error{crypto.ErrUnsupportedAlgorithm, crypto.ErrCorruptedMegolmPayload, crypto.ErrDuplicateMessageIndex,
+		crypto.ErrWrongRoom, crypto.ErrRatchetError, crypto.ErrIncorrectEncryptedContentType} {
+		if errors.Is(err, known) {
+			return known.Error()
+		}
+	}
+	return "megolm decryption failed"
+}
+
+// cleartext builds the event the journal admits for a decrypted one: the
+// outer event's identity and unsigned data, the inner type and content.
+func cleartext(outer json.RawMessage, inner *event.Event) (json.RawMessage, error) {
+	var o map[string]json.RawMessage
+	if err := json.Unmarshal(outer, &o); err != nil {
+		return nil, err
+	}
+	typ, err := json.Marshal(inner.Type.Type)
+	if err != nil {
+		return nil, err
+	}
+	o["type"] = typ
+	o["content"] = inner.Content.VeryRaw
+	return json.Marshal(o)
+}
+
+// RequestKeys asks, once per session and run, the sender's devices and the
+// account's other devices for the keys events wait on. It is best-effort:
+// a key that comes unasked resolves the events all the same.
+func (m *Machine) RequestKeys(ctx context.Context) {
+	m.mu.Lock()
+	wanted := make(map[journal.KeyWait]keyRequest, len(m.wanted))
+	for w, r := range m.wanted {
+		wanted[w] = r
+		m.asked[w] = struct{}{}
+	}
+	clear(m.wanted)
+	m.mu.Unlock()
+	for w, r := range wanted {
+		to := map[id.UserID][]id.DeviceID{m.self: {"*"}, r.sender: {"*"}}
+		err := m.mach.SendRoomKeyRequest(ctx, id.RoomID(w.RoomID), r.senderKey, id.SessionID(w.Session), "", to)
+		if err != nil {
+			m.log.Warn().Err(err).Str("room_id", w.RoomID).Str("session_id", w.Session).Msg("Room key request failed")
+		}
+	}
+}
+
+// Seal implements matrix.Encrypter: in a room whose state says it is
+// encrypted, the event goes out as m.room.encrypted under the room's
+// megolm session, shared first with the joined and invited members'
+// devices. Its relation stays in the clear, as clients expect. Anything
+// that keeps it from encrypting is an error: plaintext never goes into an
+// encrypted room.
+func (m *Machine) Seal(ctx context.Context, room, eventType string, content json.RawMessage) (string, json.RawMessage, error) {
+	rid := id.RoomID(room)
+	encrypted, err := m.store.state.IsEncrypted(ctx, rid)
+	if err != nil {
+		return "", nil, fmt.Errorf("read whether %s is encrypted: %w", room, err)
+	}
+	if !encrypted {
+		return eventType, content, nil
+	}
+	typ := event.Type{Type: eventType, Class: event.MessageEventType}
+	sealed, err := m.mach.EncryptMegolmEvent(ctx, rid, typ, content)
+	if errors.Is(err, crypto.ErrNoGroupSession) || errors.Is(err, crypto.ErrSessionExpired) || errors.Is(err, crypto.ErrSessionNotShared) {
+		members, merr := m.store.state.GetRoomJoinedOrInvitedMembers(ctx, rid)
+		if merr != nil {
+			return "", nil, fmt.Errorf("encrypt for %s: read members: %w", room, merr)
+		}
+		if err := m.mach.ShareGroupSession(ctx, rid, members); err != nil {
+			return "", nil, fmt.Errorf("encrypt for %s: share the room key: %w", room, err)
+		}
+		sealed, err = m.mach.EncryptMegolmEvent(ctx, rid, typ, content)
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("encrypt for %s: %w", room, err)
+	}
+	var rel struct {
+		RelatesTo *event.RelatesTo `json:"m.relates_to"`
+	}
+	if json.Unmarshal(content, &rel) == nil && rel.RelatesTo != nil {
+		sealed.RelatesTo = rel.RelatesTo
+	}
+	out, err := json.Marshal(sealed)
+	if err != nil {
+		return "", nil, fmt.Errorf("encrypt for %s: %w", room, err)
+	}
+	return event.EventEncrypted.Type, out, nil
+}
+
+// IsEncrypted reports whether room's state says it is encrypted.
+func (m *Machine) IsEncrypted(ctx context.Context, room string) (bool, error) {
+	return m.store.state.IsEncrypted(ctx, id.RoomID(room))
+}
