@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
+)
+
+// writeEncryptedConfig writes a configuration of one echo agent named
+// name whose agent API answers to token, with storage under dir.
+func writeEncryptedConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token, dir string) string {
+	t.Helper()
+	for file, v := range map[string]string{"pw": bot.Password, "tok": token} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := filepath.Join(dir, "mindroom.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
+storage: ./storage
+listen: 127.0.0.1:0
+agents:
+  - name: %s
+    user_id: "%s"
+    password_file: pw
+    api_token_file: tok
+    auto_join: true
+    backend:
+      type: echo
+`, homeserver, name, bot.UserID)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// encryptedReply matches the agent's encrypted answer to body.
+func encryptedReply(bot, body string) func(string, map[string]any, json.RawMessage) bool {
+	return func(typ string, content map[string]any, raw json.RawMessage) bool {
+		var ev struct {
+			Sender string `json:"sender"`
+			Type   string `json:"type"`
+		}
+		return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot && ev.Type == "m.room.encrypted" &&
+			typ == "m.room.message" && content["body"] == "echo: "+body
+	}
+}
+
+// joinedBy matches the membership event of user joining.
+func joinedBy(user string) func(string, map[string]any, json.RawMessage) bool {
+	return func(typ string, content map[string]any, raw json.RawMessage) bool {
+		var ev struct {
+			StateKey string `json:"state_key"`
+		}
+		return typ == "m.room.member" && content["membership"] == "join" &&
+			json.Unmarshal(raw, &ev) == nil && ev.StateKey == user
+	}
+}
+
+// answersFrom counts the agent's decrypted answers in room by body.
+func answersFrom(t *testing.T, p *e2eeperson.Person, room, bot string) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for _, d := range p.DecryptedTimeline(room) {
+		if d.Sender != bot || d.Type != "m.room.message" {
+			continue
+		}
+		if !d.Encrypted {
+			t.Fatalf("the agent sent %s in the clear into an encrypted room", d.EventID)
+		}
+		if body, _ := d.Content["body"].(string); body != "" {
+			n[body]++
+		}
+	}
+	return n
+}
+
+func TestAPersonInAnEncryptedRoomIsAnsweredOnceAndReadsEveryReply(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "cipher", "cipher-password-9a1e")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	const token = "encrypted-api-token-5b7c"
+	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "cipher", token, t.TempDir()))
+	t.Cleanup(func() { d.stopCleanly(t) })
+
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+
+	hello := alice.SendText(room, "Hello, encrypted!")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Hello, encrypted!"))
+	alice.Edit(room, hello, "Hello, edited!")
+	alice.ThreadReply(room, hello, "And in a thread?")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "And in a thread?"))
+	regret := alice.SendText(room, "Never mind this one")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Never mind this one"))
+	alice.Redact(room, regret)
+	alice.SendText(room, "The last one")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "The last one"))
+
+	want := map[string]int{"echo: Hello, encrypted!": 1, "echo: And in a thread?": 1, "echo: Never mind this one": 1, "echo: The last one": 1}
+	got := answersFrom(t, alice, room, bot.UserID)
+	for body, n := range want {
+		if got[body] != n {
+			t.Fatalf("answers = %v, want each question answered once: %v", got, want)
+		}
+	}
+
+	// The agent API shows the conversation as a person reads it: the
+	// edit applied, the redacted message gone, the answers there.
+	var page struct {
+		Messages []struct {
+			EventID string `json:"event_id"`
+			Content struct {
+				Body string `json:"body"`
+			} `json:"content"`
+		} `json:"messages"`
+	}
+	u := "http://" + daemonAddress(t, d.log) + "/v1/agents/cipher/rooms/" + url.PathEscape(room) + "/messages?limit=50"
+	if code := apiCall(t, "GET", u, token, "", &page); code != http.StatusOK {
+		t.Fatalf("messages: status %d", code)
+	}
+	var bodies []string
+	for _, m := range page.Messages {
+		bodies = append(bodies, m.Content.Body)
+	}
+	for _, w := range []string{"Hello, edited!", "echo: Hello, encrypted!", "The last one", "echo: The last one"} {
+		if !slices.Contains(bodies, w) {
+			t.Fatalf("the room's page = %q, lacks %q", bodies, w)
+		}
+	}
+	for _, gone := range []string{"Hello, encrypted!", "Never mind this one"} {
+		if slices.Contains(bodies, gone) {
+			t.Fatalf("the room's page = %q, still shows %q", bodies, gone)
+		}
+	}
+}
+
+func TestAMessageWhoseKeyComesLateIsAnsweredOnceWhenItComes(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "late", "late-password-3f2d")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	const token = "late-api-token-8e1a"
+	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "late", token, t.TempDir()))
+	t.Cleanup(func() { d.stopCleanly(t) })
+
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	alice.SendText(room, "First, with its key")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "First, with its key"))
+
+	late := alice.SendTextWithheldFrom(room, "Second, key withheld", bot.UserID)
+	// The daemon has admitted the ciphertext once a later message it could
+	// read was answered: sync order is receipt order.
+	alice.SendText(room, "Third, with its key")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Third, with its key"))
+	if n := answersFrom(t, alice, room, bot.UserID)["echo: Second, key withheld"]; n != 0 {
+		t.Fatalf("the message whose key is withheld was answered %d times before its key came", n)
+	}
+	awaiting := func() int {
+		var page struct {
+			Events []struct {
+				EventID string `json:"event_id"`
+			} `json:"events"`
+		}
+		u := "http://" + daemonAddress(t, d.log) + "/v1/agents/late/pending?limit=50"
+		if code := apiCall(t, "GET", u, token, "", &page); code != http.StatusOK {
+			t.Fatalf("pending: status %d", code)
+		}
+		for _, e := range page.Events {
+			if e.EventID == late {
+				return 1
+			}
+		}
+		return 0
+	}
+	if awaiting() != 0 {
+		t.Fatal("an event still awaiting its key is offered as work")
+	}
+
+	alice.ShareWithheldKeys(room)
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Second, key withheld"))
+	if !strings.Contains(d.log.String(), `"event_id":"`+late+`","room_id":"`+room+`","outcome":"resolved"`) {
+		t.Fatalf("the daemon did not log the late key resolving %s:\n%s", late, d.log.String())
+	}
+	alice.SendText(room, "Fourth, the last")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Fourth, the last"))
+	got := answersFrom(t, alice, room, bot.UserID)
+	for _, q := range []string{"First, with its key", "Second, key withheld", "Third, with its key", "Fourth, the last"} {
+		if got["echo: "+q] != 1 {
+			t.Fatalf("answers = %v, want %q answered once", got, q)
+		}
+	}
+}
