@@ -90,6 +90,9 @@ type Reconciler struct {
 	// Window is how many of the room's most recent events are searched
 	// (DefaultReconcileWindow).
 	Window int
+	// Open, when set, returns an event of room in the clear: in an
+	// encrypted room the marker is inside the ciphertext.
+	Open func(ctx context.Context, room string, raw json.RawMessage) json.RawMessage
 }
 
 // NewReconciler returns the outbox's reconciler over c.
@@ -115,6 +118,9 @@ func (r *Reconciler) Find(ctx context.Context, d journal.Delivery) (journal.Sent
 			return journal.Sent{}, false, fmt.Errorf("reconcile %s: %w", d.DeliveryID, err)
 		}
 		for _, raw := range page.Chunk {
+			if r.Open != nil {
+				raw = r.Open(ctx, d.RoomID, raw)
+			}
 			if e, err := readEvent(raw); err == nil && r.carries(e, d) {
 				return journal.Sent{EventID: e.EventID, ServerTS: e.TS}, true, nil
 			}

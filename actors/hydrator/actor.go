@@ -69,6 +69,11 @@ type Deps struct {
 	Timeout                                      time.Duration
 	Now                                          func() time.Time
 	Log                                          zerolog.Logger
+	// Decrypt, when set, returns a fetched event as the journal should
+	// install it: decrypted, awaiting its key, or marked undecryptable
+	// (principal.Crypto's Decrypt). History's keys that are missing wait
+	// like live ones.
+	Decrypt func(context.Context, journal.Inbound) journal.Inbound
 	// Finished, when set, learns of every finished walk and refetch and
 	// how it ended (metrics count requests, events and chunks here). It
 	// runs on the actor: it must not block.
@@ -94,6 +99,14 @@ func (d *Deps) defaults() {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
+	if d.Decrypt == nil {
+		d.Decrypt = func(_ context.Context, in journal.Inbound) journal.Inbound { return in }
+	}
+}
+
+// history is a fetched event as the journal installs it.
+func (d *Deps) history(ctx context.Context, room string, raw json.RawMessage) journal.Inbound {
+	return d.Decrypt(ctx, journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw})
 }
 
 // Props returns the actor's props; a failure stops it.

@@ -23,7 +23,7 @@ func (d *Deps) refetch(ctx context.Context, room, eventID string) (journal.Refet
 	if err != nil {
 		return 0, wk.walk, fmt.Errorf("refetch %s: %w", eventID, err)
 	}
-	original, err := journal.ParseEvent(journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw}, d.Now())
+	original, err := journal.ParseEvent(d.history(ctx, room, raw), d.Now())
 	if err != nil {
 		return 0, wk.walk, fmt.Errorf("refetch %s: %w", eventID, err)
 	}
@@ -37,7 +37,7 @@ func (d *Deps) refetch(ctx context.Context, room, eventID string) (journal.Refet
 	for _, raw := range edits {
 		// An edit that does not parse is no candidate; the rules choose
 		// among the rest.
-		if e, err := journal.ParseEvent(journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw}, d.Now()); err == nil {
+		if e, err := journal.ParseEvent(d.history(ctx, room, raw), d.Now()); err == nil {
 			r.Edits = append(r.Edits, e)
 		}
 	}

@@ -39,7 +39,12 @@ func (p peeked) relation() (relType, target string) {
 	return journal.RelType(p.Content.RelatesTo.RelType), p.Content.RelatesTo.EventID
 }
 
-func (p peeked) message() bool { return p.Type == "m.room.message" || p.Type == "m.sticker" }
+// message reports whether the event is a message. An encrypted event
+// counts as one: what it hides is almost always a message, and its
+// relation (a thread, an edit) stays in the clear for the walk to read.
+func (p peeked) message() bool {
+	return p.Type == "m.room.message" || p.Type == "m.sticker" || p.Type == "m.room.encrypted"
+}
 
 // threadReplyTo reports whether the event is a logical message of root's
 // thread.
@@ -141,7 +146,7 @@ func (w *walker) emit(ctx context.Context, chunk []json.RawMessage) error {
 	}
 	in := make([]journal.Inbound, len(chunk))
 	for i, raw := range chunk {
-		in[i] = journal.Inbound{RoomID: w.room, Provenance: journal.History, Event: raw}
+		in[i] = w.d.history(ctx, w.room, raw)
 	}
 	select {
 	case w.chunks <- in:

@@ -191,17 +191,21 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	log.Info().Str("device_id", machine.DeviceID()).Msg("End-to-end encryption ready")
 	onSynced, onDelivery := d.metrics.Agent(a.Name)
 	walked := d.metrics.Hydration(a.Name)
-	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client,
+	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client, Decrypt: machine.Decrypt,
 		Log: log.With().Str("actor", "hydrator").Logger(), Finished: func(w hydrator.Walk, err error) {
 			walked(metrics.Walk{Kind: w.Kind, Requests: w.Requests, Events: w.Events, Chunks: w.Chunks,
 				Covered: w.Covered, Failed: err != nil})
 		}}))
 	d.actors = append(d.actors, hyd)
+	reconciler := matrix.NewReconciler(client)
+	reconciler.Open = func(ctx context.Context, room string, raw json.RawMessage) json.RawMessage {
+		return machine.Decrypt(ctx, journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw}).Event
+	}
 	conversation := &hydrator.Reader{Store: view, Root: d.system.Root, Hydrator: hyd, Log: log}
 	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
 		OnSynced: onSynced, OnDelivery: func(p outbox.Point) { onDelivery(string(p)) },
 		Store: view, Conversation: conversation, Transport: client, Agent: answer, Placeholder: placeholderOf(answer),
-		Sender: matrix.NewSender(client), Reconciler: matrix.NewReconciler(client), DeviceID: client.DeviceID(),
+		Sender: matrix.NewSender(client), Reconciler: reconciler, DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
 		Crypto: machine, KeyDeadline: cfg.KeyDeadline,
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
