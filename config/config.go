@@ -39,7 +39,10 @@ const (
 	DefaultPickleKeyFile = "pickle.key"
 	// DefaultKeyDeadline is how long an encrypted event waits for its key.
 	DefaultKeyDeadline = 24 * time.Hour
-	DefaultListen      = "127.0.0.1:8787"
+	// DefaultKeyNoticeAfter is how long a message waits for its key before
+	// the room is told.
+	DefaultKeyNoticeAfter = time.Minute
+	DefaultListen         = "127.0.0.1:8787"
 )
 
 // MaxContextMessages bounds context_messages: the history of one request is
@@ -158,6 +161,13 @@ type Config struct {
 	// KeyDeadline is how long an encrypted event may wait for its key
 	// before it is settled as undecryptable. Default 24h.
 	KeyDeadline time.Duration `yaml:"key_deadline"`
+	// KeyNotice tells a room, once per megolm session, that a message in
+	// it cannot be read yet because its key has not come. Default true.
+	KeyNotice *bool `yaml:"key_notice"`
+	// KeyNoticeAfter is how long a message waits for its key before the
+	// notice goes out (keys often come a moment after their message).
+	// Default 1m.
+	KeyNoticeAfter time.Duration `yaml:"key_notice_after"`
 	// Listen is the HTTP API's host:port. Default 127.0.0.1:8787. Any
 	// address that is not loopback requires every agent's api_token_file.
 	Listen string `yaml:"listen"`
@@ -178,6 +188,11 @@ type Agent struct {
 	AccessTokenFile string `yaml:"access_token_file"`
 	// APITokenFile holds the bearer token of this agent's /v1 routes.
 	APITokenFile string `yaml:"api_token_file"`
+	// RecoveryKeyFile holds the account's recovery key, which opens the
+	// cross-signing keys kept in its secret storage. The daemon writes it
+	// (0600) when it bootstraps cross-signing with the password; a person
+	// can type it into Element. Default <storage>/matrix/<name>.recovery-key.
+	RecoveryKeyFile string `yaml:"recovery_key_file"`
 	// AutoJoin accepts room invites.
 	AutoJoin bool `yaml:"auto_join"`
 	// Backend answers the agent's turns.
@@ -294,6 +309,15 @@ func Parse(data []byte, dir string, lookupEnv func(string) (string, bool)) (*Con
 	if !storageFromEnv && !filepath.IsAbs(cfg.Storage) {
 		cfg.Storage = filepath.Join(dir, cfg.Storage)
 	}
+	for i := range cfg.Agents {
+		a := &cfg.Agents[i]
+		switch {
+		case a.RecoveryKeyFile == "":
+			a.RecoveryKeyFile = filepath.Join(cfg.Storage, "matrix", a.Name+".recovery-key")
+		case !filepath.IsAbs(a.RecoveryKeyFile):
+			a.RecoveryKeyFile = filepath.Join(dir, a.RecoveryKeyFile)
+		}
+	}
 	switch {
 	case cfg.PickleKeyFile == "":
 		cfg.PickleKeyFile = filepath.Join(cfg.Storage, DefaultPickleKeyFile)
@@ -359,6 +383,13 @@ func (c *Config) applyDefaults() {
 	if c.KeyDeadline == 0 {
 		c.KeyDeadline = DefaultKeyDeadline
 	}
+	if c.KeyNotice == nil {
+		on := true
+		c.KeyNotice = &on
+	}
+	if c.KeyNoticeAfter == 0 {
+		c.KeyNoticeAfter = DefaultKeyNoticeAfter
+	}
 }
 
 // validate judges the configuration as it is; it changes nothing.
@@ -368,6 +399,9 @@ func (c *Config) validate() error {
 	}
 	if c.KeyDeadline < time.Minute {
 		return &Error{Field: "key_deadline", Err: errors.New("must be at least 1m")}
+	}
+	if c.KeyNoticeAfter < 0 {
+		return &Error{Field: "key_notice_after", Err: errors.New("must not be negative")}
 	}
 	loopback, err := checkListen(c.Listen)
 	if err != nil {

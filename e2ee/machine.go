@@ -31,16 +31,21 @@ type Options struct {
 	PickleKey []byte `json:"-"`
 	// Log receives the machine's records.
 	Log zerolog.Logger
+	// Observe, when set, learns the outcome of each encrypted event Decrypt
+	// reads: "ok", "late" (an event that waited for its key), "awaiting",
+	// or "failed_" and the reason it never decrypts.
+	Observe func(outcome string)
 }
 
 // Machine is one agent's end-to-end encryption: its olm account and device,
 // driven by the principal's sync loop.
 type Machine struct {
-	mach   *crypto.OlmMachine
-	crypto *crypto.SQLCryptoStore
-	store  *Store
-	log    zerolog.Logger
-	self   id.UserID
+	mach    *crypto.OlmMachine
+	crypto  *crypto.SQLCryptoStore
+	store   *Store
+	log     zerolog.Logger
+	self    id.UserID
+	observe func(outcome string)
 
 	mu sync.Mutex
 	// received are the megolm sessions stored since the principal last
@@ -82,7 +87,7 @@ func (s *Store) Machine(ctx context.Context, o Options) (*Machine, error) {
 	log := o.Log.With().Str("agent", o.Account).Logger()
 	mlog := log.Level(zerolog.WarnLevel)
 	m := &Machine{
-		crypto: cs, store: s, log: log, self: mx.UserID,
+		crypto: cs, store: s, log: log, self: mx.UserID, observe: o.Observe,
 		received: make(map[journal.KeyWait]struct{}),
 		wanted:   make(map[journal.KeyWait]keyRequest),
 		asked:    make(map[journal.KeyWait]struct{}),
@@ -245,23 +250,43 @@ var encryptedType = []byte(`"m.room.encrypted"`)
 // event's ID, sender, timestamp and unsigned data, the inner type and
 // content); one whose key it lacks marked as awaiting that session; one
 // that can never decrypt marked undecryptable, for the journal to record
-// and skip.
+// and skip. An event already awaiting its key (in.AwaitingSession set) is
+// one tried again: it comes back unchanged while the key is missing.
 func (m *Machine) Decrypt(ctx context.Context, in journal.Inbound) journal.Inbound {
+	out, outcome := m.decrypt(ctx, in)
+	if outcome != "" && m.observe != nil {
+		m.observe(outcome)
+	}
+	return out
+}
+
+// Open returns an event of room in the clear when it can, as it came
+// otherwise, counting nothing: the reconciler reads the agent's own sends
+// with it.
+func (m *Machine) Open(ctx context.Context, room string, raw json.RawMessage) json.RawMessage {
+	out, _ := m.decrypt(ctx, journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw})
+	return out.Event
+}
+
+// decrypt is Decrypt, with the outcome to count ("" for a clear event or
+// one still waiting).
+func (m *Machine) decrypt(ctx context.Context, in journal.Inbound) (journal.Inbound, string) {
+	retried := in.AwaitingSession != ""
 	if !bytes.Contains(in.Event, encryptedType) && !bytes.Contains(in.Event, []byte(`\u`)) {
-		return in
+		return in, ""
 	}
 	evt := &event.Event{}
 	if err := json.Unmarshal(in.Event, evt); err != nil || evt.Type != event.EventEncrypted {
-		return in // the journal reads (or rejects) it as it is
+		return in, "" // the journal reads (or rejects) it as it is
 	}
 	if len(evt.Content.VeryRaw) == 0 || bytes.Equal(bytes.TrimSpace(evt.Content.VeryRaw), []byte("{}")) {
-		return in // redacted: nothing left to decrypt, journaled as context
+		return in, "" // redacted: nothing left to decrypt, journaled as context
 	}
 	evt.RoomID = id.RoomID(in.RoomID)
 	evt.Type.Class = event.MessageEventType
 	if err := evt.Content.ParseRaw(evt.Type); err != nil {
 		in.Undecryptable = "malformed encrypted content"
-		return in
+		return in, "failed_malformed"
 	}
 	content := evt.Content.AsEncrypted()
 	clear, err := m.mach.DecryptMegolmEvent(ctx, evt)
@@ -275,29 +300,43 @@ func (m *Machine) Decrypt(ctx context.Context, in journal.Inbound) journal.Inbou
 			m.wanted[w] = keyRequest{sender: evt.Sender, senderKey: content.SenderKey}
 		}
 		m.mu.Unlock()
-		return in
+		if retried {
+			return in, ""
+		}
+		return in, "awaiting"
 	default:
-		in.Undecryptable = undecryptableReason(err)
-		return in
+		reason, code := undecryptableReason(err)
+		in.Undecryptable = reason
+		return in, "failed_" + code
 	}
 	raw, err := cleartext(in.Event, clear)
 	if err != nil {
 		in.Undecryptable = "the cleartext does not encode"
-		return in
+		return in, "failed_malformed"
 	}
-	return journal.Inbound{RoomID: in.RoomID, Provenance: in.Provenance, Event: raw}
+	outcome := "ok"
+	if retried {
+		outcome = "late"
+	}
+	return journal.Inbound{RoomID: in.RoomID, Provenance: in.Provenance, Event: raw}, outcome
 }
 
 // undecryptableReason names why a ciphertext can never decrypt, without
-// quoting it.
-func undecryptableReason(err error) string {
-	for _, known := range []error{crypto.ErrUnsupportedAlgorithm, crypto.ErrCorruptedMegolmPayload, crypto.ErrDuplicateMessageIndex,
-		crypto.ErrWrongRoom, crypto.ErrRatchetError, crypto.ErrIncorrectEncryptedContentType} {
-		if errors.Is(err, known) {
-			return known.Error()
+// quoting it, in words and as a metric's code.
+func undecryptableReason(err error) (reason, code string) {
+	for _, known := range []struct {
+		err  error
+		code string
+	}{
+		{crypto.ErrUnsupportedAlgorithm, "algorithm"}, {crypto.ErrCorruptedMegolmPayload, "corrupted"},
+		{crypto.ErrDuplicateMessageIndex, "replayed"}, {crypto.ErrWrongRoom, "wrong_room"},
+		{crypto.ErrRatchetError, "ratchet"}, {crypto.ErrIncorrectEncryptedContentType, "malformed"},
+	} {
+		if errors.Is(err, known.err) {
+			return known.err.Error(), known.code
 		}
 	}
-	return "megolm decryption failed"
+	return "megolm decryption failed", "other"
 }
 
 // cleartext builds the event the journal admits for a decrypted one: the

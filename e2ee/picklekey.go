@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
+
+	"github.com/mindroomd/mindroomd/atomicfile"
 )
 
 // pickleKeyBytes is the size of a generated pickle key.
@@ -33,31 +34,17 @@ func LoadPickleKey(path string) ([]byte, error) {
 	return []byte(key), nil
 }
 
-// createPickleKey writes a new random key to path, never over a file
-// another process made meanwhile.
+// createPickleKey writes a new random key to path, whole or not at all:
+// a torn key would lock the agents out of their accounts. Only one daemon
+// writes it (the journal's lock keeps a second from starting).
 func createPickleKey(path string) ([]byte, error) {
 	buf := make([]byte, pickleKeyBytes)
 	if _, err := rand.Read(buf); err != nil {
 		return nil, fmt.Errorf("generate pickle key: %w", err)
 	}
 	key := base64.RawStdEncoding.EncodeToString(buf)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("pickle key directory: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("create pickle key file: %w", err)
-	}
-	if _, err := f.WriteString(key + "\n"); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("write pickle key file: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("write pickle key file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("write pickle key file: %w", err)
+	if err := atomicfile.Write(path, []byte(key+"\n")); err != nil {
+		return nil, fmt.Errorf("pickle key: %w", err)
 	}
 	return []byte(key), nil
 }

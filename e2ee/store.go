@@ -27,8 +27,9 @@ import (
 const FileName = "crypto.db"
 
 // ErrRefused is the error of a crypto store the daemon may not use: a
-// pickle key that does not open it, or an olm account whose keys are not
-// the ones the homeserver publishes for the agent's device.
+// pickle key that does not open it, an olm account whose keys are not the
+// ones the homeserver publishes for the agent's device, or a recovery key
+// that does not open the account's secret storage.
 var ErrRefused = errors.New("crypto store refused")
 
 // Store is the crypto database every agent of one daemon shares: each

@@ -27,6 +27,8 @@ type AwaitingEvent struct {
 	Provenance Provenance
 	// Event is the encrypted event as received.
 	Event json.RawMessage
+	// ReceivedMS is when it was journaled, in unix milliseconds.
+	ReceivedMS int64
 }
 
 // KeyWait names a megolm session some journaled events wait on.
@@ -212,4 +214,17 @@ func relationThread(s threadReader, ev *Event) (string, error) {
 		return t, nil
 	}
 	return ev.Thread, nil
+}
+
+// KeyNoticeBody is what the agent tells a room once per megolm session
+// whose key it lacks, so the person knows why no answer comes.
+const KeyNoticeBody = "I can't read a message here yet: its decryption key has not reached my device. " +
+	"I will answer it once the key arrives (keeping your session open, or verifying my device, helps)."
+
+// KeyNotice is the notice the agent sends to room about a session whose
+// key it lacks. Its delivery ID is the session's, so it goes out once
+// however often it is asked for, across restarts too.
+func KeyNotice(room, session string) EnqueueRequest {
+	content, _ := json.Marshal(map[string]string{"msgtype": "m.notice", "body": KeyNoticeBody})
+	return EnqueueRequest{DeliveryID: "key-notice:" + session, Stage: StageFinal, RoomID: room, Content: content}
 }

@@ -233,6 +233,7 @@ type Backlog struct {
 	Pending       int64 // actionable events not yet settled
 	Queued        int64 // replies enqueued, never attempted
 	Attempted     int64 // replies sent or being sent, not yet acknowledged
+	AwaitingKeys  int64 // encrypted events waiting for their keys
 }
 
 // PrincipalStatus summarises one principal's rows.
@@ -248,6 +249,9 @@ type PrincipalStatus struct {
 	// OwedDepartures counts the local leaves whose sync-reported echo is
 	// still owed.
 	OwedDepartures int64
+	// AwaitingKeys counts the encrypted events waiting for their keys;
+	// Undecryptable those settled when their keys never came.
+	AwaitingKeys, Undecryptable int64
 	// HasSyncToken reports whether a sync has completed and stored its
 	// token.
 	HasSyncToken bool

@@ -141,7 +141,7 @@ func AwaitingFor(ctx context.Context, r Reader, p Principal, room, session strin
 			prov int
 			raw  string
 		)
-		if err := rows.Scan(&e.Seq, &e.EventID, &prov, &raw); err != nil {
+		if err := rows.Scan(&e.Seq, &e.EventID, &prov, &raw, &e.ReceivedMS); err != nil {
 			return nil, fmt.Errorf("read awaiting events: %w", err)
 		}
 		e.Provenance, e.Event = journal.Provenance(prov), json.RawMessage(raw)

@@ -206,7 +206,8 @@ func Status(ctx context.Context, r Reader) ([]journal.PrincipalStatus, error) {
 	return readAll(ctx, r, SelectStatus, "read status", func(row Row) (journal.PrincipalStatus, error) {
 		var s journal.PrincipalStatus
 		err := row.Scan(&s.Agent, &s.UserID, &s.HasSyncToken, &s.SyncTokenMS, &s.Events, &s.Pending, &s.Visible,
-			&s.Queued, &s.Attempted, &s.Acknowledged, &s.Failed, &s.Retired, &s.OwedDepartures)
+			&s.Queued, &s.Attempted, &s.Acknowledged, &s.Failed, &s.Retired, &s.OwedDepartures,
+			&s.AwaitingKeys, &s.Undecryptable)
 		return s, err
 	})
 }
@@ -216,7 +217,7 @@ func Status(ctx context.Context, r Reader) ([]journal.PrincipalStatus, error) {
 func Backlogs(ctx context.Context, r Reader) ([]journal.Backlog, error) {
 	return readAll(ctx, r, SelectBacklog, "read backlog", func(row Row) (journal.Backlog, error) {
 		var b journal.Backlog
-		err := row.Scan(&b.Agent, &b.UserID, &b.Pending, &b.Queued, &b.Attempted)
+		err := row.Scan(&b.Agent, &b.UserID, &b.Pending, &b.Queued, &b.Attempted, &b.AwaitingKeys)
 		return b, err
 	})
 }

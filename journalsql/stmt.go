@@ -105,7 +105,7 @@ const (
 	SettleUndecryptable  // (principal, seq)
 	DeleteAwaiting       // (principal, seq)
 	SelectKeyWaits       // (principal, limit) → room_id, session_id
-	SelectAwaitingFor    // (principal, room, session_id, limit) → seq, event_id, provenance, event
+	SelectAwaitingFor    // (principal, room, session_id, limit) → seq, event_id, provenance, event, received_ms
 	SelectExpiredAwaited // (principal, cutoff ms, limit) → seq
 	FenceAwaiting        // (principal, room); the journal rows settle
 	FenceAwaitingKeys    // (principal, room); the ciphertexts go

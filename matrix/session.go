@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/mindroomd/mindroomd/atomicfile"
 )
 
 // session is what a login leaves for the next run: above all the device,
@@ -56,33 +58,8 @@ func writeSession(path string, s session) error {
 	if err != nil {
 		return fmt.Errorf("encode session: %w", err)
 	}
-	// CreateTemp makes the file 0600.
-	tmp, err := os.CreateTemp(dir, ".session-*")
-	if err != nil {
-		return fmt.Errorf("write session file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write session file: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write session file: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write session file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write session file: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync session directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync session directory: %w", err)
+	if err := atomicfile.Write(path, append(data, '\n')); err != nil {
+		return fmt.Errorf("session file: %w", err)
 	}
 	return nil
 }

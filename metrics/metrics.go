@@ -33,6 +33,7 @@ type Metrics struct {
 	commit     prometheus.Histogram
 	busyWaits  prometheus.Counter
 	hydration  *prometheus.CounterVec
+	decrypted  *prometheus.CounterVec
 
 	mu       sync.Mutex
 	lastSync map[string]*atomic.Int64 // agent -> unix ms of its last admitted sync
@@ -72,9 +73,13 @@ func New(backlog BacklogFunc, now func() time.Time) *Metrics {
 			Name: "mindroomd_hydration_total",
 			Help: "Hydration work by agent, kind (room, thread, refetch) and what was counted (walks, failures, requests, events, chunks).",
 		}, []string{"agent", "kind", "counted"}),
+		decrypted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mindroomd_decryptions_total",
+			Help: "Encrypted events by agent and outcome: ok (decrypted on arrival), late (decrypted once their key came), awaiting (journaled to wait for a key), failed_<reason> (never decryptable).",
+		}, []string{"agent", "outcome"}),
 		lastSync: make(map[string]*atomic.Int64),
 	}
-	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, m.hydration, journalGauges{backlog: backlog},
+	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, m.hydration, m.decrypted, journalGauges{backlog: backlog},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -148,6 +153,12 @@ func (m *Metrics) Hydration(agent string) func(Walk) {
 	}
 }
 
+// Decryption returns the hook that counts an agent's encrypted events by
+// outcome.
+func (m *Metrics) Decryption(agent string) func(outcome string) {
+	return func(outcome string) { m.decrypted.WithLabelValues(agent, outcome).Inc() }
+}
+
 // Handler serves the registry as Prometheus text.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
@@ -163,6 +174,8 @@ var (
 	deliveriesDesc = prometheus.NewDesc("mindroomd_unacknowledged_replies",
 		"Replies not yet acknowledged by the homeserver, by agent and state (queued, attempted).",
 		[]string{"agent", "user_id", "state"}, nil)
+	awaitingDesc = prometheus.NewDesc("mindroomd_events_awaiting_keys",
+		"Encrypted events journaled while their keys are missing, by agent.", []string{"agent", "user_id"}, nil)
 	journalUpDesc = prometheus.NewDesc("mindroomd_journal_readable",
 		"1 when the scrape could read the journal's counts, 0 when it could not.", nil, nil)
 )
@@ -171,6 +184,7 @@ var (
 func (journalGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pendingDesc
 	ch <- deliveriesDesc
+	ch <- awaitingDesc
 	ch <- journalUpDesc
 }
 
@@ -188,5 +202,6 @@ func (g journalGauges) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(b.Pending), b.Agent, b.UserID)
 		ch <- prometheus.MustNewConstMetric(deliveriesDesc, prometheus.GaugeValue, float64(b.Queued), b.Agent, b.UserID, "queued")
 		ch <- prometheus.MustNewConstMetric(deliveriesDesc, prometheus.GaugeValue, float64(b.Attempted), b.Agent, b.UserID, "attempted")
+		ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(b.AwaitingKeys), b.Agent, b.UserID)
 	}
 }

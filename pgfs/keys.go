@@ -13,7 +13,7 @@ const (
 	settleUndecryptable = `UPDATE journal_events SET state = 3 WHERE principal = $1 AND seq = $2 AND state = 2`
 	deleteAwaiting      = `DELETE FROM awaiting_keys WHERE principal = $1 AND seq = $2`
 	selectKeyWaits      = `SELECT DISTINCT room_id, session_id FROM awaiting_keys WHERE principal = $1 LIMIT $2`
-	selectAwaitingFor   = `SELECT a.seq, j.event_id, j.provenance, a.event
+	selectAwaitingFor   = `SELECT a.seq, j.event_id, j.provenance, a.event, a.received_ms
 		FROM awaiting_keys a JOIN journal_events j ON j.seq = a.seq
 		WHERE a.principal = $1 AND a.room_id = $2 AND a.session_id = $3
 		ORDER BY a.seq LIMIT $4`

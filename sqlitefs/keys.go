@@ -13,7 +13,7 @@ const (
 	settleUndecryptable = `UPDATE journal_events SET state = 3 WHERE principal = ? AND seq = ? AND state = 2`
 	deleteAwaiting      = `DELETE FROM awaiting_keys WHERE principal = ? AND seq = ?`
 	selectKeyWaits      = `SELECT DISTINCT room_id, session_id FROM awaiting_keys WHERE principal = ? LIMIT ?`
-	selectAwaitingFor   = `SELECT a.seq, j.event_id, j.provenance, a.event
+	selectAwaitingFor   = `SELECT a.seq, j.event_id, j.provenance, a.event, a.received_ms
 		FROM awaiting_keys a JOIN journal_events j ON j.seq = a.seq
 		WHERE a.principal = ? AND a.room_id = ? AND a.session_id = ?
 		ORDER BY a.seq LIMIT ?`

@@ -17,7 +17,9 @@ const selectStatus = `SELECT p.agent, p.user_id, p.sync_token <> '', p.sync_toke
 		(SELECT count(*) FROM rooms r JOIN visible_messages v ON v.room = r.id WHERE r.principal = p.id),
 		coalesce(o.queued, 0), coalesce(o.attempted, 0), coalesce(o.acknowledged, 0),
 		coalesce(o.failed, 0), coalesce(o.retired, 0),
-		(SELECT count(*) FROM owed_departure_reports d WHERE d.principal = p.id)
+		(SELECT count(*) FROM owed_departure_reports d WHERE d.principal = p.id),
+		(SELECT count(*) FROM awaiting_keys a WHERE a.principal = p.id),
+		(SELECT count(*) FROM journal_events j WHERE j.principal = p.id AND j.state = 3)
 	FROM principals p
 	LEFT JOIN (SELECT principal,
 			sum(state = 0) AS queued, sum(state = 1) AS attempted, sum(state = 2) AS acknowledged,
@@ -36,7 +38,8 @@ const selectBacklog = `SELECT p.agent, p.user_id,
 		(SELECT count(*) FROM delivery_outbox o INDEXED BY delivery_outbox_unacknowledged
 			WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 0),
 		(SELECT count(*) FROM delivery_outbox o INDEXED BY delivery_outbox_unacknowledged
-			WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 1)
+			WHERE o.principal = p.id AND o.state IN (0, 1) AND o.state = 1),
+		(SELECT count(*) FROM awaiting_keys a WHERE a.principal = p.id)
 	FROM principals p ORDER BY p.agent, p.user_id`
 
 // walSuffix names a database's write-ahead log after it, as SQLite does.

@@ -64,6 +64,10 @@ type Deps struct {
 	// KeyDeadline is how long an encrypted event may wait for its key
 	// before it is settled as undecryptable (DefaultKeyDeadline).
 	KeyDeadline time.Duration
+	// KeyNoticeAfter is how long a live message waits for its key before
+	// the room is told, once per session, that the agent cannot read it
+	// yet; 0 tells nothing.
+	KeyNoticeAfter time.Duration
 	// AutoJoin accepts room invites.
 	AutoJoin bool
 	// Placeholder, when set, is the content of a placeholder sent before

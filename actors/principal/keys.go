@@ -17,7 +17,9 @@ type Crypto interface {
 	// the batch is admitted.
 	ProcessSync(ctx context.Context, since string, b *matrix.SyncBatch) error
 	// Decrypt returns an event as the journal should admit it: decrypted,
-	// awaiting its key, or marked undecryptable.
+	// awaiting its key, or marked undecryptable. An event given with its
+	// AwaitingSession set is one tried again, returned as it was while its
+	// key is still missing.
 	Decrypt(ctx context.Context, in journal.Inbound) journal.Inbound
 	// TakeReceived returns the megolm sessions stored since the last call.
 	TakeReceived() []journal.KeyWait
@@ -29,9 +31,11 @@ type Crypto interface {
 // Key resolution reads waits and their events in pages of this size.
 const keyPage = 100
 
-// keySweep is how often the keys loop settles events past their deadline
-// and retries every wait (a key a crash kept from resolving its events).
-const keySweep = time.Hour
+// keySweep is how often, at most, the keys loop settles events past their
+// deadline, retries every wait (a key a crash kept from resolving its
+// events) and tells rooms about keys still missing; a shorter
+// KeyNoticeAfter makes it run as often as that.
+const keySweep = time.Minute
 
 // decrypt replaces each event of a batch by what the journal admits of it.
 func (a *principalActor) decrypt(ctx context.Context, in []journal.Inbound) {
@@ -59,16 +63,20 @@ func (a *principalActor) keysArrived(ctx context.Context) error {
 	return nil
 }
 
-// keysLoop, at start and every keySweep, settles events past their
+// keysLoop, at start and every keySweep (or KeyNoticeAfter), settles events past their
 // deadline and resolves every wait whose key the crypto store holds: a
 // crash between storing a key and resolving its events leaves them for
 // this pass.
 func (a *principalActor) keysLoop(ctx context.Context) error {
+	every := keySweep
+	if n := a.deps.KeyNoticeAfter; n > 0 && n < every {
+		every = n
+	}
 	for {
 		if err := a.sweepKeys(ctx); err != nil && ctx.Err() == nil {
 			a.log.Warn().Err(err).Msg("Key sweep failed; retried at the next one")
 		}
-		if !sleep(ctx, keySweep) {
+		if !sleep(ctx, every) {
 			return nil
 		}
 	}
@@ -98,6 +106,28 @@ func (a *principalActor) sweepKeys(ctx context.Context) error {
 	return nil
 }
 
+// tellRoom sends a room, once per session, a notice that a live message
+// has waited KeyNoticeAfter for its key: the person otherwise sees only
+// silence. The notice goes through the outbox under the session's
+// delivery ID, so asking again sends nothing more.
+func (a *principalActor) tellRoom(ctx context.Context, w journal.KeyWait, waiting []journal.AwaitingEvent) error {
+	if a.deps.KeyNoticeAfter <= 0 {
+		return nil
+	}
+	due := a.deps.Now().Add(-a.deps.KeyNoticeAfter).UnixMilli()
+	for _, e := range waiting {
+		if e.Provenance == journal.History || e.ReceivedMS > due {
+			continue
+		}
+		_, err := a.deps.Store.EnqueueAndSettle(ctx, journal.KeyNotice(w.RoomID, w.Session))
+		if err != nil && !journal.DropsTurn(err) {
+			return fmt.Errorf("tell %s a key is missing: %w", w.RoomID, err)
+		}
+		return nil
+	}
+	return nil
+}
+
 // resolveWait decrypts and installs the events waiting on one session,
 // those the key opens; the rest keep waiting.
 func (a *principalActor) resolveWait(ctx context.Context, w journal.KeyWait) error {
@@ -107,9 +137,12 @@ func (a *principalActor) resolveWait(ctx context.Context, w journal.KeyWait) err
 			return fmt.Errorf("read events awaiting a key: %w", err)
 		}
 		resolved := 0
+		var still []journal.AwaitingEvent
 		for _, e := range events {
-			clear := a.deps.Crypto.Decrypt(ctx, journal.Inbound{RoomID: e.RoomID, Provenance: e.Provenance, Event: e.Event})
-			if clear.AwaitingSession != "" {
+			clear := a.deps.Crypto.Decrypt(ctx, journal.Inbound{RoomID: e.RoomID, Provenance: e.Provenance, Event: e.Event,
+				AwaitingSession: e.Session})
+			if clear.AwaitingSession != "" && clear.Undecryptable == "" {
+				still = append(still, e) // the key is still missing
 				continue
 			}
 			out, err := a.deps.Store.ResolveAwaiting(ctx, e.Seq, clear)
@@ -119,6 +152,9 @@ func (a *principalActor) resolveWait(ctx context.Context, w journal.KeyWait) err
 			resolved++
 			a.log.Info().Str("event_id", e.EventID).Str("room_id", e.RoomID).Stringer("outcome", out).
 				Msg("An encrypted event's key came")
+		}
+		if err := a.tellRoom(ctx, w, still); err != nil {
+			return err
 		}
 		if len(events) < keyPage || resolved == 0 {
 			return nil

@@ -13,13 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mindroomd/mindroomd/e2ee"
+	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
 // writeEncryptedConfig writes a configuration of one echo agent named
 // name whose agent API answers to token, with storage under dir.
-func writeEncryptedConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token, dir string) string {
+func writeEncryptedConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token, dir string, extra ...string) string {
 	t.Helper()
 	for file, v := range map[string]string{"pw": bot.Password, "tok": token} {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0o600); err != nil {
@@ -30,7 +32,7 @@ func writeEncryptedConfig(t *testing.T, homeserver string, bot dendrite.Account,
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
 storage: ./storage
 listen: 127.0.0.1:0
-agents:
+%sagents:
   - name: %s
     user_id: "%s"
     password_file: pw
@@ -38,7 +40,7 @@ agents:
     auto_join: true
     backend:
       type: echo
-`, homeserver, name, bot.UserID)), 0o600); err != nil {
+`, homeserver, strings.Join(extra, ""), name, bot.UserID)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
@@ -90,7 +92,8 @@ func TestAPersonInAnEncryptedRoomIsAnsweredOnceAndReadsEveryReply(t *testing.T) 
 	bot := hs.Register(t, "cipher", "cipher-password-9a1e")
 	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
 	const token = "encrypted-api-token-5b7c"
-	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "cipher", token, t.TempDir()))
+	dir := t.TempDir()
+	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "cipher", token, dir))
 	t.Cleanup(func() { d.stopCleanly(t) })
 
 	room := alice.CreateEncryptedRoom(bot.UserID)
@@ -108,6 +111,18 @@ func TestAPersonInAnEncryptedRoomIsAnsweredOnceAndReadsEveryReply(t *testing.T) 
 	alice.Redact(room, regret)
 	alice.SendText(room, "The last one")
 	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "The last one"))
+
+	// The agent's device is cross-signed, as the person's client sees it.
+	dev, ok, err := e2ee.ReadDeviceStatus(filepath.Join(dir, "storage"), "cipher")
+	if err != nil || !ok || !dev.CrossSigned {
+		t.Fatalf("device status = %+v, %t, %v; want it recorded as cross-signed", dev, ok, err)
+	}
+	if signed, err := alice.DeviceIsCrossSigned(ctx, bot.UserID, dev.DeviceID); err != nil || !signed {
+		t.Fatalf("the person's client sees device %s cross-signed: %t, %v", dev.DeviceID, signed, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "storage", "matrix", "cipher.recovery-key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("recovery key file: %v, %v; want it written 0600", fi, err)
+	}
 
 	want := map[string]int{"echo: Hello, encrypted!": 1, "echo: And in a thread?": 1, "echo: Never mind this one": 1, "echo: The last one": 1}
 	got := answersFrom(t, alice, room, bot.UserID)
@@ -204,4 +219,77 @@ func TestAMessageWhoseKeyComesLateIsAnsweredOnceWhenItComes(t *testing.T) {
 			t.Fatalf("answers = %v, want %q answered once", got, q)
 		}
 	}
+}
+
+// noticeOf matches the agent's notice that it cannot read a message yet.
+func noticeOf(bot string) func(string, map[string]any, json.RawMessage) bool {
+	return func(typ string, content map[string]any, raw json.RawMessage) bool {
+		var ev struct {
+			Sender string `json:"sender"`
+		}
+		return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot && typ == "m.room.message" &&
+			content["msgtype"] == "m.notice" && content["body"] == journal.KeyNoticeBody
+	}
+}
+
+func TestAMessageWhoseKeyIsMissingIsToldToTheRoomOnceAndAKickBeforeItsKeyVoidsIt(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "kicked", "kicked-password-71c0")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	dir := t.TempDir()
+	cfg := writeEncryptedConfig(t, hs.URL, bot, "kicked", "kicked-api-token", dir, "key_notice_after: 1s\n")
+	d := runInProcess(cfg)
+
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	withheld := alice.SendTextWithheldFrom(room, "Said before the kick", bot.UserID)
+	alice.AwaitDecrypted(ctx, room, noticeOf(bot.UserID))
+
+	// The person removes the agent and asks it back; only then does the
+	// key come. What was said to the ended membership is never answered.
+	firstJoins := joinIDs(t, alice, room, bot.UserID)
+	alice.Kick(room, bot.UserID)
+	alice.Invite(room, bot.UserID)
+	rejoined := func(typ string, content map[string]any, raw json.RawMessage) bool {
+		var ev struct {
+			EventID string `json:"event_id"`
+		}
+		_ = json.Unmarshal(raw, &ev)
+		return joinedBy(bot.UserID)(typ, content, raw) && !slices.Contains(firstJoins, ev.EventID)
+	}
+	alice.AwaitDecrypted(ctx, room, rejoined)
+	alice.ShareWithheldKeys(room)
+	alice.SendText(room, "Said after the rejoin")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Said after the rejoin"))
+
+	// A restart sweeps every wait again: still one notice, no answer.
+	d.stopCleanly(t)
+	d = runInProcess(cfg)
+	t.Cleanup(func() { d.stopCleanly(t) })
+	alice.SendText(room, "After the restart")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restart"))
+	got := answersFrom(t, alice, room, bot.UserID)
+	if n := got["echo: Said before the kick"]; n != 0 {
+		t.Fatalf("the message of the ended membership %s was answered %d times once its key came", withheld, n)
+	}
+	if n := got[journal.KeyNoticeBody]; n != 1 {
+		t.Fatalf("the room was told %d times that a key is missing, want once: %v", n, got)
+	}
+}
+
+// joinIDs lists the event IDs of user's joins of room, oldest first.
+func joinIDs(t *testing.T, p *e2eeperson.Person, room, user string) []string {
+	t.Helper()
+	var ids []string
+	for _, d := range p.DecryptedTimeline(room) {
+		var ev struct {
+			StateKey string `json:"state_key"`
+		}
+		if d.Type == "m.room.member" && d.Content["membership"] == "join" && json.Unmarshal(d.Raw, &ev) == nil && ev.StateKey == user {
+			ids = append(ids, d.EventID)
+		}
+	}
+	return ids
 }

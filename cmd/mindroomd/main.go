@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/migration"
 )
@@ -66,9 +67,11 @@ var exitCodes = []struct {
 	{exitFailure, "any other failure"},
 	{exitUsage, "usage error: no command, or an unknown command, flag or argument"},
 	{exitConfig, "configuration error: the daemon's configuration file"},
-	{exitJournal, "the journal is refused or damaged, in SQLite or PostgreSQL alike:\n" +
-		"     another application's file or schema, a schema newer or older than\n" +
-		"     this binary's, or a journal its database finds corrupt"},
+	{exitJournal, "the journal or the crypto store is refused or damaged, in SQLite or\n" +
+		"     PostgreSQL alike: another application's file or schema, a schema newer\n" +
+		"     or older than this binary's, a journal its database finds corrupt, a\n" +
+		"     pickle key or recovery key that does not open the agent's keys, or\n" +
+		"     olm keys other than those the homeserver publishes for the device"},
 }
 
 // execute runs one command line and returns the process's exit code. Help
@@ -116,7 +119,7 @@ func exitCode(err error) int {
 // restore). A full disk, an I/O error or a lost connection can pass by
 // itself, so it is not among them.
 func refusedJournal(err error) bool {
-	return migration.Refused(err) || errors.Is(err, journal.ErrCorrupt)
+	return migration.Refused(err) || errors.Is(err, journal.ErrCorrupt) || errors.Is(err, e2ee.ErrRefused)
 }
 
 // usageError is a command line mindroomd cannot run.

@@ -135,6 +135,26 @@ func (d *daemon) openCrypto(ctx context.Context, cfg *config.Config) (err error)
 	return err
 }
 
+// crossSign has the agent's device signed by its account's self-signing
+// key, bootstrapping cross-signing with the password on the first start,
+// and records the device's standing for `mindroomd status`. A device that
+// stays unsigned is no failure (the agent still reads and answers), but
+// the log says what it needs.
+func crossSign(ctx context.Context, storage string, a config.Agent, m *e2ee.Machine, log zerolog.Logger) error {
+	st, err := m.CrossSign(ctx, e2ee.CrossSignOptions{RecoveryKeyFile: a.RecoveryKeyFile, Password: a.Password.Reveal()})
+	if err != nil {
+		return fmt.Errorf("cross-signing: %w", err)
+	}
+	rec := log.Info()
+	if !st.CrossSigned {
+		rec = log.Warn().Str("reason", st.Reason)
+	}
+	rec.Str("device_id", m.DeviceID()).Bool("cross_signed", st.CrossSigned).Bool("bootstrapped", st.Bootstrapped).
+		Msg("End-to-end encryption ready")
+	return e2ee.WriteDeviceStatus(storage, a.Name, e2ee.DeviceStatus{DeviceID: m.DeviceID(), CrossSigned: st.CrossSigned,
+		Reason: st.Reason, CheckedMS: time.Now().UnixMilli()})
+}
+
 // backend is the Agent the i-th agent's back-end answers with, logging to
 // log: none for http, where an outside agent takes the work through the
 // agent API. It opens no connection: a model server may start after the
@@ -182,13 +202,15 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		return err
 	}
 	machine, err := d.crypto.Machine(ctx, e2ee.Options{Account: view.Principal().String(), Client: client,
-		PickleKey: d.pickleKey, Log: log})
+		PickleKey: d.pickleKey, Log: log, Observe: d.metrics.Decryption(a.Name)})
 	if err != nil {
 		return err
 	}
 	d.machines = append(d.machines, machine)
 	client.SetEncrypter(machine)
-	log.Info().Str("device_id", machine.DeviceID()).Msg("End-to-end encryption ready")
+	if err := crossSign(ctx, cfg.Storage, a, machine, log); err != nil {
+		return err
+	}
 	onSynced, onDelivery := d.metrics.Agent(a.Name)
 	walked := d.metrics.Hydration(a.Name)
 	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client, Decrypt: machine.Decrypt,
@@ -198,16 +220,14 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		}}))
 	d.actors = append(d.actors, hyd)
 	reconciler := matrix.NewReconciler(client)
-	reconciler.Open = func(ctx context.Context, room string, raw json.RawMessage) json.RawMessage {
-		return machine.Decrypt(ctx, journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw}).Event
-	}
+	reconciler.Open = machine.Open
 	conversation := &hydrator.Reader{Store: view, Root: d.system.Root, Hydrator: hyd, Log: log}
 	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
 		OnSynced: onSynced, OnDelivery: func(p outbox.Point) { onDelivery(string(p)) },
 		Store: view, Conversation: conversation, Transport: client, Agent: answer, Placeholder: placeholderOf(answer),
 		Sender: matrix.NewSender(client), Reconciler: reconciler, DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
-		Crypto: machine, KeyDeadline: cfg.KeyDeadline,
+		Crypto: machine, KeyDeadline: cfg.KeyDeadline, KeyNoticeAfter: keyNoticeAfter(cfg),
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
 	}))
 	d.actors = append(d.actors, pid)
@@ -338,4 +358,13 @@ func (d *daemon) stop() error {
 		return cerr
 	}
 	return errors.Join(d.store.Close(), cerr)
+}
+
+// keyNoticeAfter is principal.Deps.KeyNoticeAfter: 0, telling nothing,
+// when the configuration turned the notice off.
+func keyNoticeAfter(cfg *config.Config) time.Duration {
+	if !*cfg.KeyNotice {
+		return 0
+	}
+	return cfg.KeyNoticeAfter
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/pgfs"
 	"github.com/mindroomd/mindroomd/sqlitefs"
@@ -52,16 +53,49 @@ func runStatus(ctx context.Context, out io.Writer, journalAt store.Options, now 
 		fmt.Fprintf(out, "journal %s (generation %s, schema v%d)\n", s.DB().Path, gen, sqlitefs.SchemaVersion())
 		fmt.Fprintf(out, "database %s, WAL %s\n\n", size(sz.Database), size(sz.WAL))
 	}
-	return writeStatus(out, st, now())
+	if err := writeStatus(out, st, now()); err != nil {
+		return err
+	}
+	return writeDevices(out, journalAt.StorageDir, st)
 }
 
 // writeStatus prints one line per principal.
 func writeStatus(out io.Writer, st []journal.PrincipalStatus, at time.Time) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tQUEUED\tATTEMPTED\tACKNOWLEDGED\tFAILED\tRETIRED\tOWED DEPARTURES\tSYNC TOKEN AGE")
+	fmt.Fprintln(w, "PRINCIPAL\tEVENTS\tPENDING\tVISIBLE\tQUEUED\tATTEMPTED\tACKNOWLEDGED\tFAILED\tRETIRED\tOWED DEPARTURES\tAWAITING KEYS\tUNDECRYPTABLE\tSYNC TOKEN AGE")
 	for _, s := range st {
-		fmt.Fprintf(w, "%s@%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Agent, s.UserID, s.Events, s.Pending, s.Visible,
-			s.Queued, s.Attempted, s.Acknowledged, s.Failed, s.Retired, s.OwedDepartures, syncAge(s, at))
+		fmt.Fprintf(w, "%s@%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Agent, s.UserID, s.Events, s.Pending, s.Visible,
+			s.Queued, s.Attempted, s.Acknowledged, s.Failed, s.Retired, s.OwedDepartures, s.AwaitingKeys, s.Undecryptable, syncAge(s, at))
+	}
+	return w.Flush()
+}
+
+// writeDevices prints each agent's Matrix device as the daemon last
+// recorded it under storage: its ID, and whether its account's
+// self-signing key signed it (or what is missing for that).
+func writeDevices(out io.Writer, storage string, st []journal.PrincipalStatus) error {
+	if storage == "" {
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "\nAGENT\tDEVICE\tCROSS-SIGNED")
+	seen := map[string]bool{}
+	for _, s := range st {
+		if seen[s.Agent] {
+			continue
+		}
+		seen[s.Agent] = true
+		d, ok, err := e2ee.ReadDeviceStatus(storage, s.Agent)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			fmt.Fprintf(w, "%s\t(not recorded)\t-\n", s.Agent)
+		case d.CrossSigned:
+			fmt.Fprintf(w, "%s\t%s\tyes\n", s.Agent, d.DeviceID)
+		default:
+			fmt.Fprintf(w, "%s\t%s\tno: %s\n", s.Agent, d.DeviceID, d.Reason)
+		}
 	}
 	return w.Flush()
 }
