@@ -404,6 +404,33 @@ func TestOutbox(t *testing.T, f Factory) {
 		same(t, "screen", x.screen(x.v, dRoom), []string{"$q1:question", "$a1:accepted"})
 	})
 
+	t.Run("OnlyAnAcknowledgedEventOfTheRoomIsKnownAsDelivered", func(t *testing.T) {
+		x := newDFX(t, f)
+		x.enqueue(x.v, answer("d1", journal.StageFinal, dRoom, "accepted"))
+		x.claim(x.v, "d1", journal.StageFinal)
+		x.ack(x.v, "d1", journal.StageFinal, "$a1")
+		x.enqueue(x.v, answer("d2", journal.StageFinal, dRoom, "in doubt"))
+		x.claim(x.v, "d2", journal.StageFinal)
+		x.restart()
+		other := x.view("other-agent", dBot)
+		for _, c := range []struct {
+			name        string
+			v           journal.PrincipalStore
+			room, event string
+			want        bool
+		}{
+			{"TheAcknowledgedEvent", x.v, dRoom, "$a1", true},
+			{"InAnotherRoom", x.v, dRoom2, "$a1", false},
+			{"OfAnotherPrincipal", other, dRoom, "$a1", false},
+			{"AnyOtherEvent", x.v, dRoom, "$a2", false},
+		} {
+			got, err := c.v.DeliveredEvent(context.Background(), c.room, c.event)
+			if err != nil || got != c.want {
+				t.Fatalf("%s: DeliveredEvent(%s, %s) = %v, %v; want %v", c.name, c.room, c.event, got, err, c.want)
+			}
+		}
+	})
+
 	t.Run("DeliveriesBelongToOnePrincipal", func(t *testing.T) {
 		x := newDFX(t, f)
 		other := x.view(dAgent, "@someone-else:example.org")

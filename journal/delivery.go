@@ -276,6 +276,9 @@ type Outbox interface {
 	Delivery(ctx context.Context, deliveryID string, stage Stage) (Delivery, error)
 	// Unacknowledged scans queued and attempted rows oldest first.
 	Unacknowledged(ctx context.Context, limit int, after *DeliveryCursor) ([]Delivery, error)
+	// DeliveredEvent reports whether eventID is the acknowledged event of
+	// one of the principal's deliveries to roomID.
+	DeliveredEvent(ctx context.Context, roomID, eventID string) (bool, error)
 }
 
 // TurnState is how far a turn has come.

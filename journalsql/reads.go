@@ -136,6 +136,16 @@ func Unacknowledged(ctx context.Context, r Reader, p Principal, limit int, after
 	return out, rows.Err()
 }
 
+// DeliveredEvent reports whether eventID is the acknowledged event of one
+// of p's deliveries to room.
+func DeliveredEvent(ctx context.Context, r Reader, p Principal, room, eventID string) (bool, error) {
+	var yes bool
+	if err := r.QueryRow(ctx, SelectDeliveredEvent, p.ID, room, eventID).Scan(&yes); err != nil {
+		return false, fmt.Errorf("read delivered event: %w", err)
+	}
+	return yes, nil
+}
+
 // RoomEpoch reads p's membership epoch of room and whether p is out of it.
 func RoomEpoch(ctx context.Context, r Reader, p Principal, room string) (int64, bool, error) {
 	var (

@@ -55,6 +55,7 @@ const (
 	FailDelivery         // (permanent, reason, updated_ms, id); an acknowledged or retired row keeps its state
 	SelectUnackedHead    // (principal, limit) → deliveries
 	SelectUnackedAfter   // (principal, created_ms, id, limit) → deliveries after the cursor
+	SelectDeliveredEvent // (principal, room, event_id) → exists, as an acknowledged row's event
 
 	// Membership and the fence.
 

@@ -104,25 +104,34 @@ func NewReconciler(c *Client) *Reconciler {
 // Window events deep, and reports the first event the agent sent with the
 // delivery's type whose top-level content carries d's marker. For an edit
 // that is the edit's own content, not its m.new_content. A copy since
-// redacted has lost its content and is not found.
+// redacted has lost its content, marker and all, so the search also lists
+// the agent's events of the delivery's type that another user redacted,
+// for the outbox to weigh (journal.RedactedCopy).
 //
 // The walk filters on the client: Dendrite applies a /messages filter
 // after cutting the page and ends the walk at the first page the filter
 // empties, so a server-side filter would stop at the first page of other
 // people's messages.
-func (r *Reconciler) Find(ctx context.Context, d journal.Delivery) (journal.Sent, bool, error) {
+func (r *Reconciler) Find(ctx context.Context, d journal.Delivery) (journal.Search, error) {
+	var s journal.Search
 	from := ""
 	for searched := 0; searched < r.Window; {
 		page, err := r.c.Messages(ctx, d.RoomID, from, Backward, min(reconcilePage, r.Window-searched))
 		if err != nil {
-			return journal.Sent{}, false, fmt.Errorf("reconcile %s: %w", d.DeliveryID, err)
+			return journal.Search{}, fmt.Errorf("reconcile %s: %w", d.DeliveryID, err)
 		}
 		for _, raw := range page.Chunk {
 			if r.Open != nil {
 				raw = r.Open(ctx, d.RoomID, raw)
 			}
-			if e, err := readEvent(raw); err == nil && r.carries(e, d) {
-				return journal.Sent{EventID: e.EventID, ServerTS: e.TS}, true, nil
+			e, err := readEvent(raw)
+			switch {
+			case err != nil:
+				// Not an event the search can read.
+			case r.carries(e, d):
+				return journal.Search{Copy: journal.Sent{EventID: e.EventID, ServerTS: e.TS}, Found: true}, nil
+			case r.redactedByAnother(e, d):
+				s.Redacted = append(s.Redacted, journal.RedactedSend{EventID: e.EventID, ServerTS: e.TS})
 			}
 		}
 		searched += len(page.Chunk)
@@ -131,7 +140,7 @@ func (r *Reconciler) Find(ctx context.Context, d journal.Delivery) (journal.Sent
 		}
 		from = page.End
 	}
-	return journal.Sent{}, false, nil
+	return s, nil
 }
 
 // carries reports whether e is the agent's copy of d.
@@ -152,6 +161,31 @@ func (r *Reconciler) carries(e event, d journal.Delivery) bool {
 		json.Unmarshal(marker["stage"], &stage) == nil && stage == d.Stage.String()
 }
 
+// redactedByAnother reports whether e is an event the agent sent with d's
+// type that another user redacted: it could be d's copy. A redaction by
+// the agent's own account is left out: this daemon redacts only
+// placeholders it acknowledged, never a row in doubt, and the account's
+// other senders (another principal on it, a person's client) redact
+// their own events.
+func (r *Reconciler) redactedByAnother(e event, d journal.Delivery) bool {
+	// A redacted copy sent into an encrypted room kept only its outer
+	// type: what it sealed is gone with its ciphertext.
+	sealed := e.Type == "m.room.encrypted" && r.Open != nil
+	if e.Sender != r.c.UserID() || (e.Type != d.EventType && !sealed) || e.TS <= 0 || !journal.ValidEventID(e.EventID) {
+		return false
+	}
+	var unsigned struct {
+		RedactedBecause *struct {
+			Sender string `json:"sender"`
+		} `json:"redacted_because"`
+	}
+	if json.Unmarshal(e.Unsigned, &unsigned) != nil || unsigned.RedactedBecause == nil {
+		return false
+	}
+	by := unsigned.RedactedBecause.Sender
+	return by != "" && by != r.c.UserID()
+}
+
 // event is the part of an event the port reads.
 type event struct {
 	EventID string          `json:"event_id"`
@@ -159,6 +193,9 @@ type event struct {
 	Sender  string          `json:"sender"`
 	TS      int64           `json:"origin_server_ts"`
 	Content json.RawMessage `json:"content"`
+	// Unsigned holds, among others, the redaction of an event the server
+	// hands over redacted; it is read only where that matters.
+	Unsigned json.RawMessage `json:"unsigned"`
 }
 
 func readEvent(raw json.RawMessage) (event, error) {

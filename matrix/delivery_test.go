@@ -190,14 +190,14 @@ func TestTheReconcilerFindsADeliveryByItsMarkerAndNothingElse(t *testing.T) {
 		{"ForgedByAnotherUser", forged, false, journal.Sent{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, found, err := rec.Find(t.Context(), tc.d)
+			s, err := rec.Find(t.Context(), tc.d)
 			if err != nil {
 				t.Fatal(err)
 			}
 			// The sender may have sent before the event was readable, so
 			// only the ID is compared; a find always carries the timestamp.
-			if found != tc.found || got.EventID != tc.want.EventID || (found && got.ServerTS <= 0) {
-				t.Errorf("Find = %+v, %t; want %+v, %t", got, found, tc.want, tc.found)
+			if s.Found != tc.found || s.Copy.EventID != tc.want.EventID || (s.Found && s.Copy.ServerTS <= 0) || len(s.Redacted) > 0 {
+				t.Errorf("Find = %+v; want %+v found=%t, nothing redacted", s, tc.want, tc.found)
 			}
 		})
 	}
@@ -224,12 +224,12 @@ func TestTheReconcilerSearchesNoFurtherThanItsWindow(t *testing.T) {
 	rec := matrix.NewReconciler(login(t, config(t, acct)))
 	for window, want := range map[int]bool{6: false, 7: true} {
 		rec.Window = window
-		got, found, err := rec.Find(t.Context(), d)
+		s, err := rec.Find(t.Context(), d)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if found != want || (found && (got.EventID != sent.EventID || got.ServerTS <= 0)) {
-			t.Errorf("window %d: Find = %+v, %t; want found=%t", window, got, found, want)
+		if s.Found != want || (s.Found && (s.Copy.EventID != sent.EventID || s.Copy.ServerTS <= 0)) {
+			t.Errorf("window %d: Find = %+v; want found=%t", window, s, want)
 		}
 	}
 }

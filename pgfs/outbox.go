@@ -37,4 +37,8 @@ const (
 	selectUnackedAfter = `SELECT ` + deliveryColumns + ` FROM delivery_outbox
 		WHERE principal = $1 AND state IN (0, 1) AND (created_ms, id) > ($2, $3)
 		ORDER BY created_ms, id LIMIT $4`
+	// Walks the room's acknowledged rows on delivery_outbox_room: it runs
+	// only while a reconciliation weighs a redacted event.
+	selectDeliveredEvent = `SELECT EXISTS (SELECT 1 FROM delivery_outbox
+		WHERE principal = $1 AND room_id = $2 AND state = 2 AND event_id = $3)`
 )

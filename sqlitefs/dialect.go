@@ -53,6 +53,7 @@ var statements = [journalsql.NumStmts]string{
 	journalsql.FailDelivery:         failDelivery,
 	journalsql.SelectUnackedHead:    selectUnackedHead,
 	journalsql.SelectUnackedAfter:   selectUnackedAfter,
+	journalsql.SelectDeliveredEvent: selectDeliveredEvent,
 
 	journalsql.SelectMembership:     selectMembership,
 	journalsql.UpsertDeparture:      upsertDeparture,

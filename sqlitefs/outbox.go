@@ -29,4 +29,8 @@ const (
 	selectUnackedAfter = `SELECT ` + deliveryColumns + ` FROM delivery_outbox
 		WHERE principal = ? AND state IN (0, 1) AND (created_ms, id) > (?, ?)
 		ORDER BY created_ms, id LIMIT ?`
+	// Walks the room's acknowledged rows on delivery_outbox_room: it runs
+	// only while a reconciliation weighs a redacted event.
+	selectDeliveredEvent = `SELECT EXISTS (SELECT 1 FROM delivery_outbox
+		WHERE principal = ? AND room_id = ? AND state = 2 AND event_id = ?)`
 )

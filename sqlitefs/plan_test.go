@@ -27,6 +27,7 @@ var hotQueries = map[string]struct {
 	"outbox scan head":    {selectUnackedHead, []any{1, 100}},
 	"outbox scan after":   {selectUnackedAfter, []any{1, int64(0), int64(0), 100}},
 	"delivery":            {selectDelivery, []any{1, "d", 2}},
+	"delivered event":     {selectDeliveredEvent, []any{1, "!r:x", "$e"}},
 	"turn by event":       {selectTurnByEvent, []any{"agent", "$e"}},
 	"fence pending work":  {fencePendingTurnWork, []any{1, "!r:x"}},
 	"fence visible":       {fenceVisible, []any{1, "!r:x"}},

@@ -257,6 +257,11 @@ func (v *View) Unacknowledged(ctx context.Context, limit int, after *journal.Del
 	return journalsql.Unacknowledged(ctx, v.r, v.p, limit, after)
 }
 
+// DeliveredEvent implements journal.Outbox.
+func (v *View) DeliveredEvent(ctx context.Context, roomID, eventID string) (bool, error) {
+	return journalsql.DeliveredEvent(ctx, v.r, v.p, roomID, eventID)
+}
+
 // UpsertTurn implements journal.TurnRecords.
 func (v *View) UpsertTurn(ctx context.Context, rec journal.TurnRecord) error {
 	return v.do(ctx, "upsert_turn", len(rec.Record), func(tx journalsql.Tx) error {

@@ -12,6 +12,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -317,14 +318,15 @@ func (a *outboxActor) reconcile(ctx actor.Context, row journal.Delivery) bool {
 	go func() {
 		sctx, cancel := context.WithTimeout(parent, sendTimeout)
 		defer cancel()
-		record, found, err := rec.Find(sctx, row)
-		root.Send(self, &reconciled{delivery: row, record: record, found: found, err: err})
+		search, err := rec.Find(sctx, row)
+		root.Send(self, &reconciled{delivery: row, search: search, err: err})
 	}()
 	return true
 }
 
 // settleReconciled acts on a search's outcome: a copy found in the room
-// acknowledges the row; none found hands the row to this device, whose
+// acknowledges the row, and so does one a person redacted since
+// (journal.RedactedCopy); none found hands the row to this device, whose
 // next claim sends it.
 func (a *outboxActor) settleReconciled(m *reconciled) {
 	d, k := m.delivery, key{m.delivery.DeliveryID, m.delivery.Stage}
@@ -333,14 +335,10 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 	case m.err != nil:
 		log.Warn().Err(m.err).Msg("Reconciling a delivery attempted from another device failed")
 		a.delay(k, 0)
-	case m.found:
-		if _, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, m.record); err != nil {
-			log.Error().Err(err).Msg("Acknowledge failed")
-			a.delay(k, 0)
-			return
-		}
-		a.forget(k)
-		a.observe(Acknowledged, d)
+		return
+	case m.search.Found:
+		a.acknowledgeCopy(d, m.search.Copy, log)
+		return
 	case !a.missed[k]:
 		// Not there yet is not never sent: a send cut off by the crash may
 		// still be landing. Search once more before sending again.
@@ -349,6 +347,19 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 		b := a.backoff[k]
 		b.until = a.deps.Now().Add(a.deps.SettleDelay)
 		a.backoff[k] = b
+		return
+	}
+	// The deciding search found no copy by its marker. Only now is a
+	// redacted event weighed: a marker found is proof, a redacted event a
+	// reading of the room.
+	sent, redacted, err := a.redactedCopy(d, m.search.Redacted)
+	switch {
+	case err != nil:
+		log.Error().Err(err).Msg("Weighing the redacted events of the delivery's room failed")
+		a.delay(k, 0)
+	case redacted:
+		log.Info().Str("event_id", sent.EventID).Msg("An attempted delivery was sent and then redacted; acknowledged, not sent again")
+		a.acknowledgeCopy(d, sent, log)
 	case d.DeviceID != "" && d.DeviceID != a.deps.DeviceID:
 		if err := a.deps.Outbox.AdoptDevice(a.ctx, d.DeliveryID, d.Stage, a.deps.DeviceID); err != nil {
 			log.Error().Err(err).Msg("Handing the delivery to this device failed")
@@ -362,6 +373,59 @@ func (a *outboxActor) settleReconciled(m *reconciled) {
 		delete(a.missed, k)
 		a.mine[k] = a.session()
 	}
+}
+
+// acknowledgeCopy acknowledges d with the copy a search found in the room.
+func (a *outboxActor) acknowledgeCopy(d journal.Delivery, found journal.Sent, log zerolog.Logger) {
+	k := key{d.DeliveryID, d.Stage}
+	if _, err := a.deps.Outbox.Acknowledge(a.ctx, d.DeliveryID, d.Stage, found); err != nil {
+		log.Error().Err(err).Msg("Acknowledge failed")
+		a.delay(k, 0)
+		return
+	}
+	a.forget(k)
+	a.observe(Acknowledged, d)
+}
+
+// redactedCopy asks journal.RedactedCopy whether one of the redacted events
+// a search met is d's copy, which a person removed before it was
+// acknowledged. The rule needs what the room cannot say: which of the
+// events are the principal's acknowledged deliveries, and which other rows
+// of the room are in doubt too.
+func (a *outboxActor) redactedCopy(d journal.Delivery, redacted []journal.RedactedSend) (journal.Sent, bool, error) {
+	if len(redacted) == 0 {
+		return journal.Sent{}, false, nil
+	}
+	delivered := make(map[string]bool, len(redacted))
+	for _, e := range redacted {
+		yes, err := a.deps.Outbox.DeliveredEvent(a.ctx, d.RoomID, e.EventID)
+		if err != nil {
+			return journal.Sent{}, false, fmt.Errorf("look up %s: %w", e.EventID, err)
+		}
+		delivered[e.EventID] = yes
+	}
+	var (
+		inDoubt []journal.Delivery
+		after   *journal.DeliveryCursor
+	)
+	for {
+		rows, err := a.deps.Outbox.Unacknowledged(a.ctx, a.deps.ScanLimit, after)
+		if err != nil {
+			return journal.Sent{}, false, fmt.Errorf("scan outbox: %w", err)
+		}
+		for _, r := range rows {
+			if r.RoomID == d.RoomID && r.State == journal.DeliveryAttempted {
+				inDoubt = append(inDoubt, r)
+			}
+		}
+		if len(rows) < a.deps.ScanLimit {
+			break
+		}
+		last := rows[len(rows)-1]
+		after = &journal.DeliveryCursor{CreatedMS: last.CreatedMS, Position: last.Position}
+	}
+	sent, ok := journal.RedactedCopy(d, inDoubt, redacted, delivered)
+	return sent, ok, nil
 }
 
 // finish records a send's outcome.

@@ -70,11 +70,16 @@ type visibleMessage struct {
 	Content json.RawMessage
 	// ServerTS is the server's timestamp of the event.
 	ServerTS int64
+	// Redacted is set once someone else redacted it: its content, and
+	// with it the delivery marker, is gone.
+	Redacted bool
 }
 
-// fakeServerEpochMS is where the fake server's clock starts; each event it
-// makes visible is one millisecond later than the last.
-const fakeServerEpochMS = 1_700_000_000_000
+// fakeServerEpochMS is where the fake server's clock starts, a minute
+// after the test journal's, so what it accepts is stamped after it was
+// enqueued, as on a real server; each event it makes visible is one
+// millisecond later than the last.
+var fakeServerEpochMS = testsupport.DefaultNow.Add(time.Minute).UnixMilli()
 
 func newFakeHomeserver(name string) *fakeHomeserver {
 	return &fakeHomeserver{
@@ -102,23 +107,29 @@ func (f *fakeHomeserver) signIn(dev string) {
 }
 
 // Find implements outbox.Reconciler: the event that carries d's delivery
-// marker, if the server made one visible.
-func (f *fakeHomeserver) Find(_ context.Context, d journal.Delivery) (journal.Sent, bool, error) {
-	sent, found, err := f.find(d)
+// marker, if the server made one visible, and otherwise the events someone
+// redacted.
+func (f *fakeHomeserver) Find(_ context.Context, d journal.Delivery) (journal.Search, error) {
+	search, err := f.find(d)
 	if f.afterSearch != nil {
 		f.afterSearch(f.Searches())
 	}
-	return sent, found, err
+	return search, err
 }
 
-func (f *fakeHomeserver) find(d journal.Delivery) (journal.Sent, bool, error) {
+func (f *fakeHomeserver) find(d journal.Delivery) (journal.Search, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.searches++
+	var search journal.Search
 	for _, m := range f.visible {
+		if m.Redacted {
+			search.Redacted = append(search.Redacted, journal.RedactedSend{EventID: m.EventID, ServerTS: m.ServerTS})
+			continue
+		}
 		var c map[string]json.RawMessage
 		if err := json.Unmarshal(m.Content, &c); err != nil {
-			return journal.Sent{}, false, err
+			return journal.Search{}, err
 		}
 		var marker struct {
 			DeliveryID string `json:"delivery_id"`
@@ -126,10 +137,22 @@ func (f *fakeHomeserver) find(d journal.Delivery) (journal.Sent, bool, error) {
 		}
 		if json.Unmarshal(c[journal.DeliveryKey], &marker) == nil &&
 			marker.DeliveryID == d.DeliveryID && marker.Stage == d.Stage.String() {
-			return journal.Sent{EventID: m.EventID, ServerTS: m.ServerTS}, true, nil
+			return journal.Search{Copy: journal.Sent{EventID: m.EventID, ServerTS: m.ServerTS}, Found: true}, nil
 		}
 	}
-	return journal.Sent{}, false, nil
+	return search, nil
+}
+
+// redact has someone other than the agent redact the visible event with
+// eventID.
+func (f *fakeHomeserver) redact(eventID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.visible {
+		if f.visible[i].EventID == eventID {
+			f.visible[i].Redacted = true
+		}
+	}
 }
 
 // Searches returns how many times Find was called.
@@ -195,7 +218,7 @@ func (f *fakeHomeserver) accept(d journal.Delivery, content json.RawMessage) jou
 	}
 	id := fmt.Sprintf("$%s-%d:example.org", f.name, len(f.visible)+1)
 	f.byTxn[k] = id
-	ts := int64(fakeServerEpochMS + len(f.visible) + 1)
+	ts := fakeServerEpochMS + int64(len(f.visible)) + 1
 	f.visible = append(f.visible, visibleMessage{EventID: id, TxnID: d.TxnID, Content: content, ServerTS: ts})
 	return journal.Sent{EventID: id, ServerTS: ts}
 }

@@ -18,8 +18,7 @@ type (
 	// device.
 	reconciled struct {
 		delivery journal.Delivery
-		record   journal.Sent
-		found    bool
+		search   journal.Search
 		err      error
 	}
 

@@ -33,9 +33,11 @@ type Sessions interface {
 // returns unsigned.transaction_id only to the sending device, so after a
 // device change the only sure sign that an attempted send reached the room
 // is the delivery marker in its content (journal.DeliveryKey). Find reports
-// the server's record of the event carrying d's marker, if there is one.
+// the server's record of the event carrying d's marker, if there is one,
+// and otherwise the agent's events of d's type that another user redacted,
+// which took their markers with them (journal.RedactedCopy weighs them).
 type Reconciler interface {
-	Find(ctx context.Context, d journal.Delivery) (sent journal.Sent, found bool, err error)
+	Find(ctx context.Context, d journal.Delivery) (journal.Search, error)
 }
 
 // ErrInvalidEventID is the outcome of a send the homeserver accepted but
