@@ -117,37 +117,35 @@ const deleteAccount = `DELETE FROM crypto_account WHERE account_id = $1`
 
 // publish uploads the device's keys on the first start and, on later
 // ones, checks that the homeserver still publishes this account's keys
-// for the device.
+// for the device. Keys published for the device that this store does not
+// hold mean the store was lost or replaced: a new account's keys would be
+// refused, and the old account's sessions are gone with it.
 func (m *Machine) publish(ctx context.Context) error {
 	acc := m.mach.GetAccount()
-	if !acc.Shared {
-		if err := m.mach.ShareKeys(ctx, -1); err != nil {
-			return fmt.Errorf("upload device keys: %w", err)
-		}
-		m.log.Info().Str("device_id", m.mach.Client.DeviceID.String()).Msg("Device keys uploaded")
-		return nil
-	}
+	device := m.mach.Client.DeviceID
 	resp, err := m.mach.Client.QueryKeys(ctx, &mautrix.ReqQueryKeys{
-		DeviceKeys: mautrix.DeviceKeysRequest{m.self: mautrix.DeviceIDList{m.mach.Client.DeviceID}},
+		DeviceKeys: mautrix.DeviceKeysRequest{m.self: mautrix.DeviceIDList{device}},
 	})
 	if err != nil {
 		return fmt.Errorf("query own device keys: %w", err)
 	}
-	published, ok := resp.DeviceKeys[m.self][m.mach.Client.DeviceID]
+	published, ok := resp.DeviceKeys[m.self][device]
 	signing, identity := acc.Keys()
 	switch {
-	case !ok:
-		// The server forgot the keys (a device deleted and made again):
-		// publish them again.
-		acc.Shared = false
-		if err := m.mach.ShareKeys(ctx, -1); err != nil {
-			return fmt.Errorf("upload device keys again: %w", err)
-		}
+	case ok && (published.Keys.GetEd25519(device) != signing || published.Keys.GetCurve25519(device) != identity):
+		return fmt.Errorf("%w: the homeserver publishes other keys for device %s than this crypto store holds: "+
+			"the store was lost or belongs to another account or device; restore it from a backup, "+
+			"or remove the agent's session file to sign in on a new device", ErrRefused, device)
+	case ok && acc.Shared:
 		return nil
-	case published.Keys.GetEd25519(m.mach.Client.DeviceID) != signing || published.Keys.GetCurve25519(m.mach.Client.DeviceID) != identity:
-		return fmt.Errorf("%w: the homeserver publishes other keys for device %s than this crypto store holds: it belongs to another account or device",
-			ErrRefused, m.mach.Client.DeviceID)
 	}
+	// First start, or the server forgot the keys (a device deleted and
+	// made again): publish them.
+	acc.Shared = false
+	if err := m.mach.ShareKeys(ctx, -1); err != nil {
+		return fmt.Errorf("upload device keys: %w", err)
+	}
+	m.log.Info().Str("device_id", device.String()).Msg("Device keys uploaded")
 	return nil
 }
 

@@ -293,3 +293,167 @@ func joinIDs(t *testing.T, p *e2eeperson.Person, room, user string) []string {
 	}
 	return ids
 }
+
+func TestABackupOfAnEncryptedAgentRestoresToADaemonThatStillReadsItsRooms(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "keeper", "keeper-password-0c4e")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	dir := t.TempDir()
+	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "keeper", "keeper-api-token", dir))
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	alice.SendText(room, "Before the backup")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Before the backup"))
+
+	storage := filepath.Join(dir, "storage")
+	to := filepath.Join(t.TempDir(), "journal.backup")
+	out, err := run(t, "backup", "-storage", storage, "-to", to)
+	if err != nil || !strings.Contains(out, "(1 olm accounts) written to "+to+".crypto.db and verified") {
+		t.Fatalf("backup beside the running daemon: %v\n%s", err, out)
+	}
+	d.stopCleanly(t)
+
+	// The restore: the two backups, and the secrets kept apart from them
+	// (the pickle key, the Matrix session, the recovery key).
+	restored := t.TempDir()
+	moves := map[string]string{
+		to:                                   filepath.Join(restored, "storage", "tracking", "event_journal.db"),
+		to + ".crypto.db":                    filepath.Join(restored, "storage", "crypto.db"),
+		filepath.Join(storage, "pickle.key"): filepath.Join(restored, "storage", "pickle.key"),
+		filepath.Join(storage, "matrix", "keeper.session.json"): filepath.Join(restored, "storage", "matrix", "keeper.session.json"),
+		filepath.Join(storage, "matrix", "keeper.recovery-key"): filepath.Join(restored, "storage", "matrix", "keeper.recovery-key"),
+	}
+	for from, dst := range moves {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(from, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d = runInProcess(writeEncryptedConfig(t, hs.URL, bot, "keeper", "keeper-api-token", restored))
+	t.Cleanup(func() { d.stopCleanly(t) })
+	alice.SendText(room, "After the restore")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restore"))
+	got := answersFrom(t, alice, room, bot.UserID)
+	if got["echo: Before the backup"] != 1 || got["echo: After the restore"] != 1 {
+		t.Fatalf("answers = %v, want each message answered once across the restore", got)
+	}
+}
+
+func TestMalformedCiphertextIsRecordedAndSkippedAndTheBacklogGoesOn(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "sturdy", "sturdy-password-2b8d")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	mallory := hs.User(t, hs.Register(t, "mallory", "mallory-password"))
+	dir := t.TempDir()
+	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "sturdy", "sturdy-api-token", dir))
+	t.Cleanup(func() { d.stopCleanly(t) })
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	alice.Invite(room, mallory.UserID)
+	mallory.Join(room)
+
+	session := strings.Repeat("A", 43)
+	bad := map[string]map[string]any{
+		"missing fields":    {"algorithm": "m.megolm.v1.aes-sha2"},
+		"unknown algorithm": {"algorithm": "m.rot13.v1", "ciphertext": "Uryyb", "session_id": session, "sender_key": "x", "device_id": "D"},
+		"not base64": {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": strings.Repeat("!", 100),
+			"session_id": session, "sender_key": "x", "device_id": "D"},
+	}
+	ids := map[string]string{}
+	for what, content := range bad {
+		ids[what] = mallory.Send(room, "m.room.encrypted", content)
+	}
+	// Well-formed ciphertext under a session nobody ever shared cannot be
+	// told from a message whose key is late: it waits (never work) until
+	// its deadline settles it.
+	mallory.Send(room, "m.room.encrypted", map[string]any{"algorithm": "m.megolm.v1.aes-sha2",
+		"ciphertext": strings.Repeat("Zm9v", 30), "session_id": session, "sender_key": "x", "device_id": "D"})
+	alice.SendText(room, "Still heard")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Still heard"))
+	out, err := run(t, "status", "-storage", filepath.Join(dir, "storage"))
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	if fields := statusLine(t, out, "sturdy@"+bot.UserID); fields[10] != "1" || fields[11] != "0" {
+		t.Fatalf("status line %q: want 1 event awaiting its key and none undecryptable", fields)
+	}
+	log := d.log.String()
+	for what, id := range ids {
+		if !strings.Contains(log, `"event_id":"`+id+`"`) || !strings.Contains(log, "Malformed event recorded and skipped") {
+			t.Fatalf("the %s event %s was not recorded as malformed; log:\n%s", what, id, log)
+		}
+	}
+}
+
+// statusLine returns the fields of principal's line of a status output.
+func statusLine(t *testing.T, out, principal string) []string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == principal {
+			return f
+		}
+	}
+	t.Fatalf("status has no line for %s:\n%s", principal, out)
+	return nil
+}
+
+func TestAWrongPickleKeyOrALostCryptoStoreRefusesTheStartWithExit4(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "guarded", "guarded-password-6d5a")
+	dir := t.TempDir()
+	cfg := writeEncryptedConfig(t, hs.URL, bot, "guarded", "guarded-api-token", dir)
+	d := runInProcess(cfg)
+	daemonAddress(t, d.log) // running: its olm account exists and its keys are published
+	d.stopCleanly(t)
+	storage := filepath.Join(dir, "storage")
+	pickle := filepath.Join(storage, "pickle.key")
+	key, err := os.ReadFile(pickle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(t *testing.T, want string) {
+		t.Helper()
+		d := runInProcess(cfg)
+		var code int
+		select {
+		case code = <-d.done:
+			d.done <- code
+		case <-time.After(time.Minute):
+			d.stop(t)
+			t.Fatalf("the daemon started; its log:\n%s", d.log)
+		}
+		if code != exitJournal {
+			t.Fatalf("the daemon exited %d, want %d; its log:\n%s", code, exitJournal, d.log)
+		}
+		if !strings.Contains(d.log.String(), want) {
+			t.Fatalf("the refusal does not say %q; its log:\n%s", want, d.log)
+		}
+		if strings.Contains(d.log.String(), strings.TrimSpace(string(key))) {
+			t.Fatal("the log shows the pickle key")
+		}
+	}
+
+	t.Run("WrongPickleKey", func(t *testing.T) {
+		if err := os.WriteFile(pickle, []byte("not the key that pickled the account\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, "the pickle key does not open guarded@"+bot.UserID+"'s olm account")
+		if err := os.WriteFile(pickle, key, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("LostCryptoStore", func(t *testing.T) {
+		for _, f := range []string{"crypto.db", "crypto.db-wal", "crypto.db-shm"} {
+			if err := os.Remove(filepath.Join(storage, f)); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+		}
+		refused(t, "the homeserver publishes other keys for device")
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -144,6 +145,25 @@ func runBackup(ctx context.Context, out io.Writer, cfg *config.Config, to string
 	if err := db.Backup(ctx, to); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(out, "backup of %s written to %s and verified\n", db.Path, to)
+	if _, err := fmt.Fprintf(out, "backup of %s written to %s and verified\n", db.Path, to); err != nil {
+		return err
+	}
+	// The agents' olm accounts and room keys: without them a restored
+	// journal cannot read what its encrypted rooms say.
+	from, cryptoTo := filepath.Join(cfg.Storage, e2ee.FileName), to+"."+e2ee.FileName
+	n, err := e2ee.BackupSQLite(ctx, from, cryptoTo)
+	if errors.Is(err, e2ee.ErrNoCryptoStore) {
+		_, err = fmt.Fprintf(out, "no crypto store at %s: nothing more to copy\n", from)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	pickle := cfg.PickleKeyFile
+	if pickle == "" {
+		pickle = filepath.Join(cfg.Storage, config.DefaultPickleKeyFile)
+	}
+	_, err = fmt.Fprintf(out, "backup of %s (%d olm accounts) written to %s and verified; keep it with the pickle key %s\n",
+		from, n, cryptoTo, pickle)
 	return err
 }
