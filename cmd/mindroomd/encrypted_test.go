@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
@@ -456,4 +458,47 @@ func TestAWrongPickleKeyOrALostCryptoStoreRefusesTheStartWithExit4(t *testing.T)
 		}
 		refused(t, "the homeserver publishes other keys for device")
 	})
+}
+
+func TestOnPostgreSQLTheCryptoStoreLivesInTheDatabaseAndAnEncryptedRoomIsAnsweredAcrossARestart(t *testing.T) {
+	dbURL := postgresURL(t)
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "pgcipher", "pgcipher-password-4e2a")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pg.url"), []byte(dbURL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeEncryptedConfig(t, hs.URL, bot, "pgcipher", "pgcipher-api-token", dir, "database_url_file: ./pg.url\n")
+	d := runInProcess(cfg)
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	alice.SendText(room, "Hello, PostgreSQL")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Hello, PostgreSQL"))
+	d.stopCleanly(t)
+
+	if _, err := os.Stat(filepath.Join(dir, "storage", "crypto.db")); !os.IsNotExist(err) {
+		t.Fatalf("a crypto.db beside a PostgreSQL journal: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accounts int
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM crypto_account WHERE account_id = $1`, "pgcipher@"+bot.UserID).Scan(&accounts)
+	_ = conn.Close(ctx)
+	if err != nil || accounts != 1 {
+		t.Fatalf("olm accounts in the database = %d, %v; want the agent's one", accounts, err)
+	}
+
+	d = runInProcess(cfg)
+	t.Cleanup(func() { d.stopCleanly(t) })
+	alice.SendText(room, "After the restart")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restart"))
+	got := answersFrom(t, alice, room, bot.UserID)
+	if got["echo: Hello, PostgreSQL"] != 1 || got["echo: After the restart"] != 1 {
+		t.Fatalf("answers = %v, want each message answered once", got)
+	}
 }
