@@ -74,6 +74,7 @@ type CrossSignStatus struct {
 // no retry helps, the operator must fix the file. No error and no record
 // holds the password or the recovery key.
 func (m *Machine) CrossSign(ctx context.Context, o CrossSignOptions) (CrossSignStatus, error) {
+	m.crossSign = &o
 	if o.RecoveryKeyFile == "" {
 		return CrossSignStatus{}, errors.New("cross-signing: no recovery key file is configured")
 	}

@@ -46,6 +46,13 @@ type Machine struct {
 	log     zerolog.Logger
 	self    id.UserID
 	observe func(outcome string)
+	// client and session notice a re-login: on Dendrite a signed-out
+	// session takes its device's keys with it, so they are published
+	// (and the device signed) again. crossSign is how CrossSign was last
+	// asked to sign.
+	client    *matrix.Client
+	session   uint64
+	crossSign *CrossSignOptions
 
 	mu sync.Mutex
 	// received are the megolm sessions stored since the principal last
@@ -87,7 +94,7 @@ func (s *Store) Machine(ctx context.Context, o Options) (*Machine, error) {
 	log := o.Log.With().Str("agent", o.Account).Logger()
 	mlog := log.Level(zerolog.WarnLevel)
 	m := &Machine{
-		crypto: cs, store: s, log: log, self: mx.UserID, observe: o.Observe,
+		crypto: cs, store: s, log: log, self: mx.UserID, observe: o.Observe, client: o.Client, session: o.Client.Session(),
 		received: make(map[journal.KeyWait]struct{}),
 		wanted:   make(map[journal.KeyWait]keyRequest),
 		asked:    make(map[journal.KeyWait]struct{}),
@@ -149,6 +156,35 @@ func (m *Machine) publish(ctx context.Context) error {
 	return nil
 }
 
+// afterRelogin publishes the device's keys again, and has the device
+// signed again, when the client logged in again since the last sync: the
+// server may have dropped both with the old session.
+func (m *Machine) afterRelogin(ctx context.Context) error {
+	now := m.client.Session()
+	if now == m.session {
+		return nil
+	}
+	if m.client.DeviceID() != m.mach.Client.DeviceID.String() {
+		return fmt.Errorf("the Matrix device changed from %s to %s at a re-login: restart the daemon to make the new device's olm account",
+			m.mach.Client.DeviceID, m.client.DeviceID())
+	}
+	if err := m.publish(ctx); err != nil {
+		return err
+	}
+	m.session = now
+	if m.crossSign == nil {
+		return nil
+	}
+	st, err := m.CrossSign(ctx, *m.crossSign)
+	if err != nil {
+		return err
+	}
+	if !st.CrossSigned {
+		m.log.Warn().Str("reason", st.Reason).Msg("After a re-login the device is not cross-signed")
+	}
+	return nil
+}
+
 // DeviceID is the device the account belongs to.
 func (m *Machine) DeviceID() string { return m.mach.Client.DeviceID.String() }
 
@@ -181,6 +217,9 @@ func (m *Machine) TakeReceived() []journal.KeyWait {
 // the batch commits brings the same response again; olm's replay check
 // makes its to-device messages harmless the second time.
 func (m *Machine) ProcessSync(ctx context.Context, since string, b *matrix.SyncBatch) error {
+	if err := m.afterRelogin(ctx); err != nil {
+		return err
+	}
 	for _, rooms := range [][]matrix.RoomTimeline{b.Left, b.Joined} {
 		for _, r := range rooms {
 			for _, list := range [][]json.RawMessage{r.State, r.Events} {

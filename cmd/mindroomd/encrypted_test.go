@@ -502,3 +502,97 @@ func TestOnPostgreSQLTheCryptoStoreLivesInTheDatabaseAndAnEncryptedRoomIsAnswere
 		t.Fatalf("answers = %v, want each message answered once", got)
 	}
 }
+
+// botSession reads the agent's Matrix session file.
+func botSession(t *testing.T, storage, agent string) (deviceID, token string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(storage, "matrix", agent+".session.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		DeviceID    string `json:"device_id"`
+		AccessToken string `json:"access_token"`
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s.DeviceID, s.AccessToken
+}
+
+// devicesOf lists the device IDs of the account token signs in.
+func devicesOf(t *testing.T, homeserver, token string) []string {
+	t.Helper()
+	var resp struct {
+		Devices []struct {
+			DeviceID string `json:"device_id"`
+		} `json:"devices"`
+	}
+	if code := apiCall(t, "GET", homeserver+"/_matrix/client/v3/devices", token, "", &resp); code != http.StatusOK {
+		t.Fatalf("devices: status %d", code)
+	}
+	var ids []string
+	for _, d := range resp.Devices {
+		ids = append(ids, d.DeviceID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func TestARestartAndAReLoginKeepTheAgentsOneDeviceItsKeysAndItsSignature(t *testing.T) {
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "steady", "steady-password-8f3b")
+	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
+	waker := hs.User(t, hs.Register(t, "waker", "waker-password"))
+	dir := t.TempDir()
+	storage := filepath.Join(dir, "storage")
+	cfg := writeEncryptedConfig(t, hs.URL, bot, "steady", "steady-api-token", dir)
+	d := runInProcess(cfg)
+	room := alice.CreateEncryptedRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	alice.SendText(room, "First")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "First"))
+	device, token := botSession(t, storage, "steady")
+	before := devicesOf(t, hs.URL, token)
+
+	d.stopCleanly(t)
+	d = runInProcess(cfg)
+	t.Cleanup(func() { d.stopCleanly(t) })
+	alice.SendText(room, "After the restart")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restart"))
+	if again, _ := botSession(t, storage, "steady"); again != device {
+		t.Fatalf("the restart moved the agent from device %s to %s", device, again)
+	}
+
+	// The session is signed out (on Dendrite that deletes the device and
+	// its keys); a sync the waker wakes meets the refusal, and the daemon
+	// logs in again on the same device and publishes its keys again.
+	alice.Invite(room, waker.UserID)
+	waker.Join(room)
+	if code := apiCall(t, "POST", hs.URL+"/_matrix/client/v3/logout", token, "{}", nil); code != http.StatusOK {
+		t.Fatalf("logout: status %d", code)
+	}
+	waker.SendText(room, "wake up")
+	d.awaitLog(t, "Device keys uploaded", 1)
+	alice.SendText(room, "After the re-login")
+	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the re-login"))
+
+	now, token := botSession(t, storage, "steady")
+	if now != device {
+		t.Fatalf("the re-login moved the agent from device %s to %s", device, now)
+	}
+	if after := devicesOf(t, hs.URL, token); !slices.Equal(after, before) {
+		t.Fatalf("devices = %v after a restart and a re-login, want %v", after, before)
+	}
+	if signed, err := alice.DeviceIsCrossSigned(ctx, bot.UserID, device); err != nil || !signed {
+		t.Fatalf("after the re-login the person's client sees device %s cross-signed: %t, %v", device, signed, err)
+	}
+	got := answersFrom(t, alice, room, bot.UserID)
+	for _, q := range []string{"First", "After the restart", "After the re-login"} {
+		if got["echo: "+q] != 1 {
+			t.Fatalf("answers = %v, want %q answered once", got, q)
+		}
+	}
+}
