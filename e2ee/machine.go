@@ -110,17 +110,26 @@ func (s *Store) Machine(ctx context.Context, o Options) (*Machine, error) {
 	return m, nil
 }
 
-// forgetAccount drops an agent's olm account (not its megolm sessions,
-// which still decrypt what they were shared for).
+// forgetAccount drops an agent's olm account of an old device, with the
+// olm sessions and outbound room sessions that device made, which the new
+// device must not send under; the inbound room sessions stay, since they
+// still decrypt what they were shared for.
 func (s *Store) forgetAccount(ctx context.Context, account string) error {
-	if _, err := s.db.Exec(ctx, deleteAccount, account); err != nil {
-		return fmt.Errorf("drop olm account of an old device: %w", err)
+	for _, stmt := range []string{deleteOlmSessions, deleteOutboundSessions, deleteAccount} {
+		if _, err := s.db.Exec(ctx, stmt, account); err != nil {
+			return fmt.Errorf("drop olm account of an old device: %w", err)
+		}
 	}
 	return nil
 }
 
-// deleteAccount removes an olm account (its olm sessions go by cascade).
-const deleteAccount = `DELETE FROM crypto_account WHERE account_id = $1`
+// What an old device's account leaves behind (mautrix's tables, keyed by
+// account ID).
+const (
+	deleteOlmSessions      = `DELETE FROM crypto_olm_session WHERE account_id = $1`
+	deleteOutboundSessions = `DELETE FROM crypto_megolm_outbound_session WHERE account_id = $1`
+	deleteAccount          = `DELETE FROM crypto_account WHERE account_id = $1`
+)
 
 // publish uploads the device's keys on the first start and, on later
 // ones, checks that the homeserver still publishes this account's keys
