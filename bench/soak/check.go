@@ -26,6 +26,9 @@ type roomEvent struct {
 			Stage      string `json:"stage"`
 		} `json:"io.mindroomd.delivery"`
 	} `json:"content"`
+	// Decrypted marks the cleartext of an event the person's device
+	// decrypted (person.read).
+	Decrypted bool `json:"io.mindroomd.soak.decrypted"`
 }
 
 func parseEvent(raw json.RawMessage) (roomEvent, error) {
@@ -102,14 +105,23 @@ type serverTally struct {
 	Misplaced []string
 	// AgentEdits counts edits the agent sent.
 	AgentEdits int
+	// Undecrypted are encrypted events the person's device could not
+	// decrypt: an answer among them counts as none.
+	Undecrypted []string
+	// Cleartext are messages sent in the clear into an encrypted room.
+	Cleartext []string
+	// KeyNotices are the agent's notices to the room that a message has
+	// waited too long for its key (journal.KeyNotice).
+	KeyNotices []string
 	// Answers are the agent's answers, by ID, each once.
 	Answers []answer
 }
 
 // tallyRoom matches every answer of bot's in events (the room's history,
-// an event listed twice counted once) to the message it answers among
-// msgs.
-func tallyRoom(events []json.RawMessage, bot string, msgs []sent) serverTally {
+// an event listed twice counted once, each as the person's device reads
+// it) to the message it answers among msgs. In an encrypted room every
+// message must have come encrypted.
+func tallyRoom(events []json.RawMessage, bot string, msgs []sent, encrypted bool) serverTally {
 	var t serverTally
 	bySource := map[string]sent{}
 	for _, m := range msgs {
@@ -126,6 +138,12 @@ func tallyRoom(events []json.RawMessage, bot string, msgs []sent) serverTally {
 			continue
 		}
 		counted[ev.ID] = true
+		switch {
+		case ev.Type == "m.room.encrypted":
+			t.Undecrypted = append(t.Undecrypted, ev.ID)
+		case encrypted && ev.Type == "m.room.message" && !ev.Decrypted:
+			t.Cleartext = append(t.Cleartext, ev.ID)
+		}
 		if _, ok := bySource[ev.ID]; ok {
 			onServer[ev.ID] = true
 			continue
@@ -136,6 +154,10 @@ func tallyRoom(events []json.RawMessage, bot string, msgs []sent) serverTally {
 		}
 		a, ok := ev.answer(bot)
 		if !ok {
+			continue
+		}
+		if strings.HasPrefix(a.DeliveryID, journal.KeyNotice("", "").DeliveryID) {
+			t.KeyNotices = append(t.KeyNotices, a.ID)
 			continue
 		}
 		t.Answers = append(t.Answers, a)

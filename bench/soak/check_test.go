@@ -3,12 +3,16 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
-	"github.com/mindroomd/mindroomd/store"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
+	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 	"github.com/mindroomd/mindroomd/testsupport/pg"
@@ -73,7 +77,7 @@ func TestTheRoomTallyFindsEveryLostDuplicatedAndMisplacedAnswer(t *testing.T) {
 		reply("$ax", "$e1", "", "echo: * soak 1 (edited)"),
 		mx.Edit("$ae", testBot, 2001, "$a1", "echo: again"),
 	)
-	got := tallyRoom(events, testBot, msgs)
+	got := tallyRoom(events, testBot, msgs, false)
 
 	if got.Originals != 6 || !slices.Equal(got.Missing, []string{"$m7"}) {
 		t.Fatalf("originals %d, missing %v; want 6 and [$m7]", got.Originals, got.Missing)
@@ -107,7 +111,7 @@ func TestTheRoomTallyPassesOneAnswerPerMessage(t *testing.T) {
 		reply("$a2", "$m2", "$m1", "echo: soak 2"),
 		reply("$a1", "$m1", "", "echo: soak 1"),
 	)
-	got := tallyRoom(events, testBot, msgs)
+	got := tallyRoom(events, testBot, msgs, false)
 	if got.Originals != 2 || len(got.Lost)+got.Duplicated+len(got.Stray)+len(got.Unmarked)+len(got.Misanswered)+len(got.Misplaced) != 0 {
 		t.Fatalf("a clean room tallied as %+v", got)
 	}
@@ -117,8 +121,68 @@ func TestAnAnswerListedTwiceInTheRoomsRecordIsOneAnswer(t *testing.T) {
 	msgs := []sent{{ID: "$m1", Body: "soak 1"}}
 	answer := reply("$a1", "$m1", "", "echo: soak 1")
 	events := raws(mx.Message("$m1", testPerson, 1000, "soak 1"), answer, mx.Message("$m1", testPerson, 1000, "soak 1"), answer)
-	if got := tallyRoom(events, testBot, msgs); got.Duplicated != 0 || got.Originals != 1 || len(got.Answers) != 1 {
+	if got := tallyRoom(events, testBot, msgs, false); got.Duplicated != 0 || got.Originals != 1 || len(got.Answers) != 1 {
 		t.Fatalf("duplicated %d, originals %d, answers %d; want 0, 1, 1", got.Duplicated, got.Originals, len(got.Answers))
+	}
+}
+
+// decrypted marks e as the person's device reads an event it decrypted.
+func decrypted(e mx.Ev) mx.Ev {
+	e[decryptedKey] = true
+	return e
+}
+
+func TestAnEncryptedRoomsTallyFindsWhatDidNotDecryptWhatCameInTheClearAndKeyNotices(t *testing.T) {
+	msgs := []sent{{ID: "$m1", Body: "soak 1"}, {ID: "$m2", Body: "soak 2"}, {ID: "$m3", Body: "soak 3"}}
+	notice := decrypted(mx.Message("$n1", testBot, 2003, "a message's key never came"))
+	notice["content"].(map[string]any)[journal.DeliveryKey] = map[string]any{
+		"delivery_id": journal.KeyNotice(testRoom, "session").DeliveryID, "stage": "final"}
+	events := raws(
+		decrypted(mx.Message("$m1", testPerson, 1000, "soak 1")),
+		decrypted(reply("$a1", "$m1", "", "echo: soak 1")),
+		mx.Message("$m2", testPerson, 1001, "soak 2"),
+		decrypted(reply("$a2", "$m2", "", "echo: soak 2")),
+		decrypted(mx.Message("$m3", testPerson, 1002, "soak 3")),
+		mx.Encrypted("$a3", testBot, 2002),
+		notice,
+	)
+	got := tallyRoom(events, testBot, msgs, true)
+	if !slices.Equal(got.Undecrypted, []string{"$a3"}) || !slices.Equal(got.Cleartext, []string{"$m2"}) ||
+		!slices.Equal(got.KeyNotices, []string{"$n1"}) {
+		t.Fatalf("undecrypted %v, in the clear %v, key notices %v; want [$a3], [$m2], [$n1]", got.Undecrypted, got.Cleartext, got.KeyNotices)
+	}
+	// An answer that did not decrypt is no answer; a key notice answers
+	// nothing and is no stray answer.
+	if len(got.Lost) != 1 || got.Lost[0].ID != "$m3" || len(got.Stray) != 0 || len(got.Answers) != 2 {
+		t.Fatalf("lost %v, stray %v, %d answers; want $m3 lost, none stray, 2 answers", got.Lost, got.Stray, len(got.Answers))
+	}
+	if clear := tallyRoom(events, testBot, msgs, false); len(clear.Cleartext) != 0 {
+		t.Fatalf("a room in the clear tallied %v as sent in the clear", clear.Cleartext)
+	}
+}
+
+func TestTheDaemonsDevicesAreReadFromEachStartsLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mindroomd.log")
+	log := `=== soak: start 1 at 2026-01-01T00:00:00Z
+{"level":"info","agent":"soak","device_id":"FIRST","message":"End-to-end encryption ready"}
+{"level":"info","agent":"soak","device_id":"FIRST","message":"Device keys uploaded"}
+=== soak: start 2 at 2026-01-01T00:00:01Z
+{"level":"info","agent":"soak","device_id":"FIRST","message":"End-to-end encryption ready"}
+=== soak: start 3 at 2026-01-01T00:00:02Z
+{"level":"info","agent":"soak","device_id":"OTHER","message":"End-to-end encryption ready"}
+{"level":"info","agent":"soak","device_id":"FIRST","message":"End-to-end encryption re`
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	devices, off, err := daemonDevices(path)
+	if err != nil || !slices.Equal(devices, []string{"FIRST", "OTHER"}) || off != 1 {
+		t.Fatalf("devices %v, %d off the first, error %v; want [FIRST OTHER], 1, none", devices, off, err)
+	}
+	if err := os.WriteFile(path, []byte("=== soak: start 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := daemonDevices(path); err == nil {
+		t.Fatal("a log where no start named its device read without error")
 	}
 }
 
@@ -265,6 +329,20 @@ func testJournalTally(t *testing.T, jc journalCase) {
 	), "t1"); err != nil {
 		t.Fatal(err)
 	}
+	// Ciphertext whose key never came, settled undecryptable, then
+	// ciphertext still awaiting its key.
+	for i, ev := range []mx.Ev{mx.Encrypted("$c1", testPerson, 1003), mx.Encrypted("$c2", testPerson, 1004)} {
+		in := mx.Live(testRoom, ev)
+		in[0].AwaitingSession = "s"
+		if _, err := view.AdmitBatch(ctx, in, fmt.Sprintf("t%d", i+2)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			if _, err := view.ExpireAwaiting(ctx, time.Now().Add(time.Hour).UnixMilli()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -274,8 +352,9 @@ func testJournalTally(t *testing.T, jc journalCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Pending != 1 || got.DuplicateIDs != 0 {
-		t.Fatalf("pending %d, duplicated IDs %d; want 1 and 0", got.Pending, got.DuplicateIDs)
+	if got.Pending != 1 || got.DuplicateIDs != 0 || got.AwaitingKeys != 1 || got.Undecryptable != 1 {
+		t.Fatalf("pending %d, duplicated IDs %d, awaiting keys %d, undecryptable %d; want 1, 0, 1, 1",
+			got.Pending, got.DuplicateIDs, got.AwaitingKeys, got.Undecryptable)
 	}
 	if !slices.Equal(got.NotJournaled, []string{"$m2", "$e2"}) || !slices.Equal(got.NotWork, []string{"$n1"}) {
 		t.Fatalf("not journaled %v, not work %v; want [$m2 $e2] and [$n1]", got.NotJournaled, got.NotWork)

@@ -22,7 +22,9 @@ import (
 // tables and their columns are the same in SQLite and PostgreSQL. States
 // are the journal's: an event is pending while state = 0; an outbox row is
 // queued (0), attempted (1), acknowledged (2), failed (3) or retired (4); a
-// turn record is delivered at state 2.
+// turn record is delivered at state 2. An encrypted event journaled before
+// its key came waits at state 2; one whose key never came is settled
+// undecryptable at state 3.
 const (
 	// selectDuplicateEvents counts the event IDs one principal holds more
 	// than one row for, and the rows beyond the first. PostgreSQL wants
@@ -33,6 +35,8 @@ const (
 	selectUnacknowledged = `SELECT count(*) FROM delivery_outbox WHERE state IN (0, 1)`
 	selectFailed         = `SELECT count(*) FROM delivery_outbox WHERE state = 3`
 	selectOpenTurns      = `SELECT count(*) FROM turn_records WHERE state <> 2`
+	selectAwaitingKeys   = `SELECT count(*) FROM journal_events WHERE state = 2`
+	selectUndecryptable  = `SELECT count(*) FROM journal_events WHERE state = 3`
 	// selectAgentEvents is every row of the agent's principals.
 	selectAgentEvents = `SELECT j.event_id, j.class FROM journal_events j
 		JOIN principals p ON p.id = j.principal WHERE p.agent = ?`
@@ -102,6 +106,9 @@ type journalTally struct {
 	Unacknowledged, Failed int64
 	// OpenTurns counts turn records not delivered.
 	OpenTurns int64
+	// AwaitingKeys counts encrypted events still waiting for their keys;
+	// Undecryptable those settled because their keys never came.
+	AwaitingKeys, Undecryptable int64
 	// NotJournaled are room events the journal has no row of.
 	NotJournaled []string
 	// NotWork are the person's messages admitted as context only, so never
@@ -132,6 +139,8 @@ func readJournal(ctx context.Context, at journalAt, agent string, msgs []sent, o
 		db.QueryRowContext(ctx, selectUnacknowledged).Scan(&t.Unacknowledged),
 		db.QueryRowContext(ctx, selectFailed).Scan(&t.Failed),
 		db.QueryRowContext(ctx, selectOpenTurns).Scan(&t.OpenTurns),
+		db.QueryRowContext(ctx, selectAwaitingKeys).Scan(&t.AwaitingKeys),
+		db.QueryRowContext(ctx, selectUndecryptable).Scan(&t.Undecryptable),
 	} {
 		if err != nil {
 			return t, fmt.Errorf("count what is owed: %w", err)

@@ -14,6 +14,17 @@
 //     row, each message was admitted as work, and nothing is pending, queued
 //     or unacknowledged.
 //
+// With -encrypted the room is end-to-end encrypted as Element creates one:
+// the person writes from a device of her own (testsupport/e2eeperson), so
+// every message is Megolm ciphertext the daemon must decrypt, and each
+// answer counts only once the person's device has decrypted it. The
+// daemon, killed and restarted, keeps its device and crypto store, and
+// must go on decrypting and sealing across every restart. On top of the
+// checks above, no event of the room may stay undecryptable to the person,
+// no message may go into the room in the clear, every start of the daemon
+// must be on the first one's device, and the journal must hold no event
+// still awaiting its key or settled undecryptable.
+//
 // The journal is the SQLite file under the daemon's storage, or with -pg a
 // PostgreSQL database: a durable cluster the soak launches in its working
 // directory (as the postgres OS user when run as root, so the working
@@ -64,6 +75,7 @@ type options struct {
 	dir          string
 	keep         bool
 	pg           bool
+	encrypted    bool
 	seed         uint64
 	bin          string
 	script       string
@@ -121,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory when the soak passes")
 	fs.BoolVar(&o.pg, "pg", false, "keep the journal in PostgreSQL: a durable cluster (fsync on) launched in the working directory, "+
 		"or a new schema on the server "+pg.EnvURL+" names")
+	fs.BoolVar(&o.encrypted, "encrypted", false, "play the soak in an end-to-end encrypted room, the person writing from a device of her own")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the message mix and the kill moments (0: random)")
 	fs.StringVar(&o.bin, "bin", "bin/mindroomd", "the daemon binary (make build)")
 	fs.StringVar(&o.script, "script", "examples/echo-agent.py", "the exec agent's script")

@@ -14,6 +14,8 @@ import (
 	"maunium.net/go/mautrix"
 	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
+
+	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
 const (
@@ -34,8 +36,11 @@ const (
 	recentWindow = 50
 	// endType is the event the person sends once the daemon has stopped:
 	// seen in the person's sync, it says the homeserver holds everything
-	// sent before it.
+	// sent before it. It is the soak's own marker, no message, so it goes
+	// in the clear even into an encrypted room.
 	endType = "io.mindroomd.soak.end"
+	// decryptedKey marks an event the person's device decrypted (read).
+	decryptedKey = "io.mindroomd.soak.decrypted"
 )
 
 // person is the soak's human, writing and reading through its own client.
@@ -43,6 +48,84 @@ type person struct {
 	cli  *mautrix.Client
 	room id.RoomID
 	txns int
+	// device, in an encrypted room, is the person's own device, with its
+	// own keys: it encrypts what the person writes and decrypts what the
+	// room holds. cli, the registration's keyless device, still reads
+	// the room (the sync, /messages) and sends the end marker. nil in a
+	// room in the clear.
+	device *e2eeperson.Client
+}
+
+// write sends one of the person's messages with content: from the
+// person's device, encrypted, in an encrypted room, each of its requests
+// tried up to sendAttempts times as it was sent (a send keeps its
+// transaction ID and ciphertext, so the homeserver keeps one event); in
+// the clear otherwise.
+func (p *person) write(ctx context.Context, content map[string]any) (string, error) {
+	if p.device == nil {
+		return p.send(ctx, event.EventMessage, content)
+	}
+	return p.device.SendMessage(mautrix.WithMaxRetries(ctx, sendAttempts-1), p.room.String(), content)
+}
+
+// read returns raw as the person's device reads it. In an encrypted room
+// an event that decrypts reads as its cleartext: the event with the
+// decrypted type and content, marked decryptedKey so the checks can tell
+// it from one sent in the clear. ok is false for one that does not decrypt
+// now, returned as it came. In a room in the clear, and for an event never
+// encrypted, raw reads as it is.
+func (p *person) read(ctx context.Context, raw json.RawMessage) (plain json.RawMessage, ok bool) {
+	if p.device == nil {
+		return raw, true
+	}
+	d := p.device.ReadEvent(ctx, p.room.String(), raw)
+	switch {
+	case d.Err != nil:
+		return raw, false
+	case !d.Encrypted:
+		return raw, true
+	}
+	var ev map[string]any
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return raw, false
+	}
+	ev["type"], ev["content"], ev[decryptedKey] = d.Type, d.Content, true
+	plain, err := json.Marshal(ev)
+	if err != nil {
+		return raw, false
+	}
+	return plain, true
+}
+
+// whyUndecrypted says, of each of ids among events, who sent it and why
+// the person's device cannot decrypt it.
+func (p *person) whyUndecrypted(ctx context.Context, events []json.RawMessage, ids []string) []string {
+	byID := map[string]json.RawMessage{}
+	for _, raw := range events {
+		if ev, err := parseEvent(raw); err == nil {
+			byID[ev.ID] = raw
+		}
+	}
+	out := make([]string, len(ids))
+	for i, eventID := range ids {
+		raw := byID[eventID]
+		ev, _ := parseEvent(raw)
+		why := "the person has no device of her own in a room in the clear"
+		if p.device != nil {
+			why = fmt.Sprint(p.device.ReadEvent(ctx, p.room.String(), raw).Err)
+		}
+		out[i] = fmt.Sprintf("%s from %s: %s", eventID, ev.Sender, why)
+	}
+	return out
+}
+
+// readAll is each of events as the person's device reads it.
+func (p *person) readAll(ctx context.Context, events []json.RawMessage) []json.RawMessage {
+	out := make([]json.RawMessage, len(events))
+	for i, raw := range events {
+		out[i], _ = p.read(ctx, raw)
+	}
+	return out
 }
 
 // send sends one event, retried under one transaction ID.
@@ -156,7 +239,7 @@ func post(ctx context.Context, p *person, o options, rng *rand.Rand, onSent func
 					"m.in_reply_to": map[string]any{"event_id": root.ID}}}
 		}
 		var err error
-		if m.ID, err = p.send(ctx, event.EventMessage, content); err != nil {
+		if m.ID, err = p.write(ctx, content); err != nil {
 			return res, err
 		}
 		if m.Root == "" {
@@ -183,7 +266,7 @@ func editRecent(ctx context.Context, p *person, rng *rand.Rand, msgs []sent) err
 	n := min(len(msgs), recentWindow)
 	target := msgs[len(msgs)-n+rng.IntN(n)]
 	body := target.Body + " (edited)"
-	_, err := p.send(ctx, event.EventMessage, map[string]any{
+	_, err := p.write(ctx, map[string]any{
 		"msgtype": "m.text", "body": "* " + body,
 		"m.new_content": map[string]any{"msgtype": "m.text", "body": body},
 		"m.relates_to":  map[string]any{"rel_type": "m.replace", "event_id": target.ID},
@@ -193,22 +276,63 @@ func editRecent(ctx context.Context, p *person, rng *rand.Rand, msgs []sent) err
 
 // observer follows the room through the person's own sync and notes when
 // each message's first answer from the agent appears, so the soak knows
-// when the daemon has drained without reading the journal.
+// when the daemon has drained without reading the journal. In an
+// encrypted room it notes each event once the person's device has read
+// it: an answer counts once it has decrypted.
 type observer struct {
 	p   *person
 	bot string
 
 	mu   sync.Mutex
 	seen map[string]bool
-	// events are the room's events in the order the person first saw
-	// them.
-	events  []json.RawMessage
+	// events are the room's events in the order the person read them.
+	events []json.RawMessage
+	// sealed are the events seen that the person's device could not
+	// decrypt yet, by ID, as they came; reopen tries them again.
+	sealed  map[string]json.RawMessage
 	answers map[string]time.Time
 	gaps    int
+	// deviceErr is why the person's device stopped syncing: no key comes
+	// after it.
+	deviceErr error
 }
 
 func newObserver(p *person, bot string) *observer {
-	return &observer{p: p, bot: bot, seen: map[string]bool{}, answers: map[string]time.Time{}}
+	return &observer{p: p, bot: bot, seen: map[string]bool{}, sealed: map[string]json.RawMessage{}, answers: map[string]time.Time{}}
+}
+
+// reopen tries the sealed events again after each sync of the person's
+// device, which is what brings their keys, until ctx ends or the device
+// stops syncing. An event that decrypts is noted as read then.
+func (o *observer) reopen(ctx context.Context) {
+	for {
+		next, err := o.p.device.Synced()
+		o.mu.Lock()
+		o.deviceErr = err
+		for id, raw := range o.sealed {
+			if plain, ok := o.p.read(ctx, raw); ok {
+				delete(o.sealed, id)
+				o.note(plain, time.Now())
+			}
+		}
+		o.mu.Unlock()
+		if err != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-next:
+		}
+	}
+}
+
+// deviceFailure is why the person's device stopped syncing, nil while it
+// syncs.
+func (o *observer) deviceFailure() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.deviceErr
 }
 
 // run syncs from since until ctx ends. A limited timeline (more events
@@ -222,7 +346,7 @@ func (o *observer) run(ctx context.Context, since string) {
 			o.mu.Unlock()
 			var all []json.RawMessage
 			if all, err = o.p.history(ctx); err == nil {
-				o.take(all, time.Now())
+				o.take(ctx, all, time.Now())
 			}
 		}
 		if err != nil {
@@ -260,15 +384,16 @@ func (o *observer) syncOnce(ctx context.Context, since string) (limited bool, ne
 	}
 	joined, ok := resp.Rooms.Join[o.p.room.String()]
 	if ok {
-		o.take(joined.Timeline.Events, time.Now())
+		o.take(ctx, joined.Timeline.Events, time.Now())
 	}
 	// The first sync's timeline is the newest events only: the earlier
 	// ones are the room's creation, before any message.
 	return ok && joined.Timeline.Limited && since != "", resp.NextBatch, nil
 }
 
-// take notes the events, seen at at.
-func (o *observer) take(events []json.RawMessage, at time.Time) {
+// take notes the events, seen at at, each as the person's device reads
+// it; one it cannot decrypt yet waits in sealed.
+func (o *observer) take(ctx context.Context, events []json.RawMessage, at time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, raw := range events {
@@ -277,20 +402,38 @@ func (o *observer) take(events []json.RawMessage, at time.Time) {
 			continue
 		}
 		o.seen[ev.ID] = true
-		o.events = append(o.events, raw)
-		if r, ok := ev.answer(o.bot); ok && r.Source != "" {
-			if _, done := o.answers[r.Source]; !done {
-				o.answers[r.Source] = at
-			}
+		if plain, ok := o.p.read(ctx, raw); ok {
+			o.note(plain, at)
+		} else {
+			o.sealed[ev.ID] = raw
 		}
 	}
 }
 
-// record is every event of the room the person has seen.
+// note records an event as read at at; o.mu must be held.
+func (o *observer) note(raw json.RawMessage, at time.Time) {
+	o.events = append(o.events, raw)
+	ev, err := parseEvent(raw)
+	if err != nil {
+		return
+	}
+	if r, ok := ev.answer(o.bot); ok && r.Source != "" {
+		if _, done := o.answers[r.Source]; !done {
+			o.answers[r.Source] = at
+		}
+	}
+}
+
+// record is every event of the room the person has seen: those read, then
+// those still sealed, as they came.
 func (o *observer) record() []json.RawMessage {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return slices.Clone(o.events)
+	out := slices.Clone(o.events)
+	for _, raw := range o.sealed {
+		out = append(out, raw)
+	}
+	return out
 }
 
 // saw reports whether the person's sync has shown eventID.

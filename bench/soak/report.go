@@ -19,7 +19,11 @@ func printResult(out io.Writer, o options, r result) {
 	if o.agent == "exec" {
 		agent = fmt.Sprintf("exec, examples/echo-agent.py after 0-%s", o.agentDelay)
 	}
-	fmt.Fprintf(out, "kill-9 soak: %g messages/s, agent %s, seed %d\njournal: %s\n\n", o.rate, agent, r.Seed, r.JournalOn)
+	room := "not encrypted"
+	if o.encrypted {
+		room = "end-to-end encrypted (m.megolm.v1.aes-sha2), the person on a device of her own"
+	}
+	fmt.Fprintf(out, "kill-9 soak: %g messages/s, agent %s, seed %d\njournal: %s\nroom: %s\n\n", o.rate, agent, r.Seed, r.JournalOn, room)
 	drain := "not drained"
 	if r.Drained {
 		drain = r.Drain.Round(10 * time.Millisecond).String()
@@ -77,11 +81,17 @@ func printResult(out io.Writer, o options, r result) {
 	check("homeserver: answers not echoing their message", len(s.Misanswered), s.Misanswered)
 	check("homeserver: answers outside their message's thread", len(s.Misplaced), s.Misplaced)
 	check("homeserver: edits sent by the agent", s.AgentEdits, nil)
+	check("homeserver: events the person's device could not decrypt", len(s.Undecrypted), r.Undecrypted)
+	check("homeserver: messages sent in the clear into an encrypted room", len(s.Cleartext), s.Cleartext)
+	check("homeserver: notices from the agent that a message's key never came", len(s.KeyNotices), s.KeyNotices)
+	check("daemon: starts on another device than the first start's", r.OffDevice, r.Devices)
 	check("journal: event IDs with more than one row", int(j.DuplicateIDs), nil)
 	check("journal: events pending", int(j.Pending), nil)
 	check("journal: replies queued or attempted, not acknowledged", int(j.Unacknowledged), nil)
 	check("journal: replies failed", int(j.Failed), nil)
 	check("journal: turns not delivered", int(j.OpenTurns), nil)
+	check("journal: encrypted events still awaiting their keys", int(j.AwaitingKeys), nil)
+	check("journal: encrypted events settled undecryptable", int(j.Undecryptable), nil)
 	check("journal: room message events without a row", len(j.NotJournaled), j.NotJournaled)
 	check("journal: messages admitted as context, not work", len(j.NotWork), j.NotWork)
 	check("journal: answers the outbox does not record as acknowledged", len(j.OutboxMismatch), j.OutboxMismatch)
@@ -91,9 +101,10 @@ func printResult(out io.Writer, o options, r result) {
 	}
 
 	fmt.Fprintf(out, "\n%d daemon starts, %d kills (the last %s after the first post), %d of them cutting an answer's send "+
-		"while Dendrite took it in; %d answers in the room; posting took %s; %d gaps in the person's sync filled from /messages; "+
-		"%d events the final /messages walk skipped and the sync showed\n",
-		r.Starts, r.Kills, r.LastKill.Round(time.Millisecond), r.CutSends, len(s.Answers), r.Posted.Took.Round(time.Millisecond), r.Gaps, r.WalkSkipped)
+		"while Dendrite took it in; the starts came up on device %s; %d answers in the room; posting took %s; "+
+		"%d gaps in the person's sync filled from /messages; %d events the final /messages walk skipped and the sync showed\n",
+		r.Starts, r.Kills, r.LastKill.Round(time.Millisecond), r.CutSends, strings.Join(r.Devices, ", "), len(s.Answers),
+		r.Posted.Took.Round(time.Millisecond), r.Gaps, r.WalkSkipped)
 	fmt.Fprintf(out, "\nmindroomd status after the stop:\n%s", indent(r.Status, "  "))
 	if r.passed() {
 		fmt.Fprintln(out, "\nPASS")

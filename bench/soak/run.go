@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
 const (
@@ -43,6 +45,9 @@ const (
 	progressEvery = 10 * time.Second
 	// pollEvery is how often the soak looks whether a wait is over.
 	pollEvery = 100 * time.Millisecond
+	// cryptoReady is the message the daemon logs, with the device's ID,
+	// once an agent's end-to-end encryption is up.
+	cryptoReady = "End-to-end encryption ready"
 )
 
 // result is one soak's outcome.
@@ -73,7 +78,15 @@ type result struct {
 	// CutSends counts the daemon's sends a kill cut short while the
 	// homeserver was taking them in: the window a duplicate comes from.
 	CutSends int
-	Server   serverTally
+	// Devices are the devices the daemon's starts logged, the first
+	// start's first; OffDevice counts the starts on another one than the
+	// first's, which would hold none of its keys.
+	Devices   []string
+	OffDevice int
+	// Undecrypted says, of each event the person's device could not
+	// decrypt, its sender and why.
+	Undecrypted []string
+	Server      serverTally
 	// JournalOn says which journal the daemon kept, and where.
 	JournalOn string
 	Journal   journalTally
@@ -89,7 +102,9 @@ func (r result) passed() bool {
 	return r.Drained && r.StopErr == nil && len(r.Crashes) == 0 &&
 		len(s.Missing) == 0 && len(s.Lost) == 0 && s.Duplicated == 0 && len(s.Stray) == 0 &&
 		len(s.Unmarked) == 0 && len(s.Misanswered) == 0 && len(s.Misplaced) == 0 && s.AgentEdits == 0 &&
+		len(s.Undecrypted) == 0 && len(s.Cleartext) == 0 && len(s.KeyNotices) == 0 && r.OffDevice == 0 &&
 		j.DuplicateIDs == 0 && j.Pending == 0 && j.Unacknowledged == 0 && j.Failed == 0 && j.OpenTurns == 0 &&
+		j.AwaitingKeys == 0 && j.Undecryptable == 0 &&
 		len(j.NotJournaled) == 0 && len(j.NotWork) == 0 && len(j.OutboxMismatch) == 0
 }
 
@@ -161,11 +176,26 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	if err != nil {
 		return res, err
 	}
-	created, err := cli.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(bot.UserID)}})
-	if err != nil {
-		return res, err
+	p := &person{cli: cli}
+	if o.encrypted {
+		if p.device, err = e2eeperson.Open(ctx, hs.URL, alice); err != nil {
+			return res, err
+		}
+		defer p.device.Close()
+		room, err := p.device.CreateEncryptedRoom(ctx, bot.UserID)
+		if err != nil {
+			return res, err
+		}
+		p.room = id.RoomID(room)
+		logf("room %s: end-to-end encrypted, as Element creates one; the person writes from her own device %s", room, p.device.DeviceID())
+	} else {
+		created, err := cli.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(bot.UserID)}})
+		if err != nil {
+			return res, err
+		}
+		p.room = created.RoomID
+		logf("room %s: not encrypted", p.room)
 	}
-	p := &person{cli: cli, room: created.RoomID}
 
 	cfg, err := writeConfig(res.Dir, hs.URL, bot, o, command, urlFile)
 	if err != nil {
@@ -193,8 +223,15 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 		return res, fmt.Errorf("the person's first sync: %w", err)
 	}
 	obsCtx, stopObserving := context.WithCancel(ctx)
+	// The observer reads through the person's device: it ends before the
+	// device closes.
+	var observing sync.WaitGroup
+	defer observing.Wait()
 	defer stopObserving()
-	go obs.run(obsCtx, since)
+	observing.Go(func() { obs.run(obsCtx, since) })
+	if p.device != nil {
+		observing.Go(func() { obs.reopen(obsCtx) })
+	}
 
 	var (
 		mu   sync.Mutex
@@ -265,6 +302,9 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 		if res.Answered == len(all) || time.Now().After(deadline) {
 			break
 		}
+		if err := obs.deviceFailure(); err != nil {
+			return res, fmt.Errorf("the person's device stopped syncing, so no key reaches it: %w", err)
+		}
 		if err := pause(ctx); err != nil {
 			return res, err
 		}
@@ -284,7 +324,7 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	if err != nil {
 		return res, err
 	}
-	record := union(obs.record(), history)
+	record := union(obs.record(), p.readAll(ctx, history))
 	if err := awaitJournaled(ctx, at, messageIDs(record, alice.UserID, bot.UserID)); err != nil {
 		logf("%v", err)
 	}
@@ -292,6 +332,9 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	res.StopErr = d.Stop()
 	res.Starts, res.Kills, res.Crashes = d.Counts()
 	logf("daemon stopped (%d starts, %d kills): %v", res.Starts, res.Kills, exitText(res.StopErr))
+	if res.Devices, res.OffDevice, err = daemonDevices(d.logPath); err != nil {
+		return res, err
+	}
 
 	end, err := p.send(ctx, event.Type{Type: endType, Class: event.MessageEventType}, map[string]any{})
 	if err != nil {
@@ -308,13 +351,15 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	if history, err = p.history(ctx); err != nil {
 		return res, err
 	}
+	history = p.readAll(ctx, history)
 	synced := obs.record()
 	record = union(synced, history)
 	res.WalkSkipped = len(record) - len(union(history, nil))
 	obs.mu.Lock()
 	res.Gaps = obs.gaps
 	obs.mu.Unlock()
-	res.Server = tallyRoom(record, bot.UserID, res.Posted.Messages)
+	res.Server = tallyRoom(record, bot.UserID, res.Posted.Messages, o.encrypted)
+	res.Undecrypted = p.whyUndecrypted(ctx, record, res.Server.Undecrypted)
 	if res.CutSends, err = cutSends(filepath.Join(hsDir, "dendrite.log")); err != nil {
 		return res, err
 	}
@@ -534,6 +579,37 @@ func messageIDs(events []json.RawMessage, person, bot string) []string {
 		}
 	}
 	return out
+}
+
+// daemonDevices reads the daemon's log for the device each start's
+// end-to-end encryption came up on: the devices, the first start's first,
+// and how many starts came up on another than the first's. A start killed
+// before it got that far logs none; a log where none did is an error, as
+// the soak could not tell which device the daemon used.
+func daemonDevices(logPath string) (devices []string, off int, err error) {
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var rec struct {
+			Message  string `json:"message"`
+			DeviceID string `json:"device_id"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil || rec.Message != cryptoReady || rec.DeviceID == "" {
+			continue
+		}
+		if len(devices) > 0 && rec.DeviceID != devices[0] {
+			off++
+		}
+		if !slices.Contains(devices, rec.DeviceID) {
+			devices = append(devices, rec.DeviceID)
+		}
+	}
+	if len(devices) == 0 {
+		return nil, 0, fmt.Errorf("no start of the daemon logged %q with its device in %s", cryptoReady, logPath)
+	}
+	return devices, off, nil
 }
 
 // cutSends counts the daemon's sends Dendrite logged as failed because the

@@ -5,6 +5,12 @@
 // and prints the conversation as the agent API serves it, then the
 // journal's status. DEMO_KEEP=1 leaves both servers running.
 //
+// The room is end-to-end encrypted as Element creates one (m.room.encryption
+// in its initial state): the person writes from a device of her own with
+// its own keys (testsupport/e2eeperson) and decrypts the agent's answers,
+// which the daemon seals. -encrypted=false (ENCRYPTED=0 make demo) plays
+// the same conversation in a room in the clear.
+//
 // -agent picks the back-end: echo (built in), exec (examples/echo-agent.py,
 // run by python3 once per turn) or openai, streamed, against a stand-in
 // OpenAI-compatible model server the demo runs on loopback, which answers
@@ -27,13 +33,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
-
-	"maunium.net/go/mautrix"
-	"maunium.net/go/mautrix/event"
-	"maunium.net/go/mautrix/id"
 
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/modelstub"
@@ -44,18 +47,21 @@ const (
 	binary  = "bin/mindroomd"
 	// deadline bounds the whole demo once the servers run.
 	deadline = 2 * time.Minute
+	// pollEvery is how often a wait without a sync loop looks again.
+	pollEvery = 200 * time.Millisecond
 )
 
 func main() {
 	agentType := flag.String("agent", "echo", "the back-end that answers: echo, exec or openai")
+	encrypted := flag.Bool("encrypted", true, "play the conversation in an end-to-end encrypted room (false: in the clear)")
 	flag.Parse()
-	if err := run(*agentType); err != nil {
+	if err := run(*agentType, *encrypted); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(agentType string) error {
+func run(agentType string, encrypted bool) error {
 	switch agentType {
 	case "echo", "exec", "openai":
 	default:
@@ -124,60 +130,57 @@ func run(agentType string) error {
 	}
 	step("Started %s run -config %s (log in %s)", binary, cfg, filepath.Join(demoDir, "mindroomd.log"))
 
-	person, err := mautrix.NewClient(hs.URL, id.UserID(alice.UserID), alice.AccessToken)
+	person, err := openPerson(ctx, hs.URL, alice, encrypted)
 	if err != nil {
 		return err
 	}
-	created, err := person.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(bot.UserID)}})
+	defer person.close()
+	room, err := person.createRoom(ctx, bot.UserID)
 	if err != nil {
-		return err
-	}
-	room := created.RoomID
-	if err := awaitJoin(ctx, person, room, id.UserID(bot.UserID)); err != nil {
 		return err
 	}
 	step("Alice created %s and the agent joined it", room)
+	step("%s", person.kind())
 
-	hello, err := person.SendText(ctx, room, "Hello, "+name+"!")
+	hello, err := person.sendText(ctx, room, "Hello, "+name+"!")
 	if err != nil {
 		return err
 	}
-	question, err := person.SendText(ctx, room, "What is 2 + 2?")
+	question, err := person.sendText(ctx, room, "What is 2 + 2?")
 	if err != nil {
 		return err
 	}
-	edit := event.MessageEventContent{MsgType: event.MsgText, Body: "* What is 2 + 3?",
-		NewContent: &event.MessageEventContent{MsgType: event.MsgText, Body: "What is 2 + 3?"},
-		RelatesTo:  &event.RelatesTo{Type: event.RelReplace, EventID: question.EventID}}
-	if _, err := person.SendMessageEvent(ctx, room, event.EventMessage, &edit); err != nil {
+	if err := person.edit(ctx, room, question, "What is 2 + 3?"); err != nil {
 		return err
 	}
-	thread := event.MessageEventContent{MsgType: event.MsgText, Body: "And in a thread?",
-		RelatesTo: &event.RelatesTo{Type: event.RelThread, EventID: hello.EventID}}
-	if _, err := person.SendMessageEvent(ctx, room, event.EventMessage, &thread); err != nil {
+	if err := person.threadReply(ctx, room, hello, "And in a thread?"); err != nil {
 		return err
 	}
 	step("Alice wrote three messages, edited the second, and replied in a thread to the first")
 
-	progress, err := awaitAnswers(ctx, person, room, bot.UserID, 3)
+	progress, answers, err := awaitAnswers(ctx, person, room, bot.UserID, 3)
 	if err != nil {
 		return err
 	}
 	step("The agent answered each message once")
+	if encrypted {
+		step("Each answer came sealed (m.room.encrypted) and Alice's device decrypted it")
+	}
 	if model != nil {
 		step("The model was asked %d times; the answers were shown in %d progress edits on their way", len(model.Requests()), progress)
 	}
 
+	api := agentAPI{listen: listen, agent: name, token: apiToken}
+	roomLines, threadLines, err := api.awaitAnswers(ctx, room, hello, answers)
+	if err != nil {
+		return err
+	}
 	fmt.Println()
 	fmt.Printf("The room, as GET /v1/agents/%s/rooms/{room}/messages serves it:\n", name)
-	if err := printConversation(ctx, listen, name, apiToken, room.String(), ""); err != nil {
-		return err
-	}
+	printConversation(roomLines)
 	fmt.Println()
 	fmt.Println("The thread of the first message (the same route, ?thread=):")
-	if err := printConversation(ctx, listen, name, apiToken, room.String(), hello.EventID.String()); err != nil {
-		return err
-	}
+	printConversation(threadLines)
 	fmt.Println()
 	fmt.Println("The journal, as mindroomd status reports it:")
 	status := exec.CommandContext(ctx, binary, "status", "-storage", filepath.Join(demoDir, "storage"))
@@ -290,88 +293,115 @@ func stopDaemon(cmd *exec.Cmd) {
 	}
 }
 
-// awaitJoin waits until user is a member of room.
-func awaitJoin(ctx context.Context, c *mautrix.Client, room id.RoomID, user id.UserID) error {
-	for {
-		members, err := c.JoinedMembers(ctx, room)
-		if err == nil {
-			if _, ok := members.Joined[user]; ok {
-				return nil
-			}
-		}
-		if err := pause(ctx); err != nil {
-			return fmt.Errorf("the agent never joined %s: %w", room, err)
-		}
-	}
-}
-
 // awaitAnswers waits until the agent has sent n final answers in room, a
 // placeholder and its progress edits being no answer, and fails if it sent
 // more. It returns how many progress edits (edits marked still streaming)
-// the agent sent on the way.
-func awaitAnswers(ctx context.Context, c *mautrix.Client, room id.RoomID, agent string, n int) (progress int, err error) {
+// the agent sent on the way, and the text of each answer: an edit's new
+// text, when the answer is the last edit of a streamed placeholder.
+func awaitAnswers(ctx context.Context, p person, room, agent string, n int) (progress int, answers []string, err error) {
 	for {
-		msgs, err := c.Messages(ctx, room, "", "", mautrix.DirectionBackward, nil, 100)
-		if err == nil {
-			finals := 0
-			progress = 0
-			for _, ev := range msgs.Chunk {
-				if ev.Sender.String() != agent || ev.Type != event.EventMessage {
-					continue
+		contents, err := p.agentMessages(ctx, room, agent)
+		if err != nil {
+			return 0, nil, err
+		}
+		progress, answers = 0, nil
+		for _, content := range contents {
+			nc, _ := content["m.new_content"].(map[string]any)
+			if marker, _ := content["io.mindroomd.delivery"].(map[string]any); marker["stage"] == "final" {
+				text, _ := content["body"].(string)
+				if nc != nil {
+					text, _ = nc["body"].(string)
 				}
-				if marker, _ := ev.Content.Raw["io.mindroomd.delivery"].(map[string]any); marker["stage"] == "final" {
-					finals++
-				}
-				if nc, _ := ev.Content.Raw["m.new_content"].(map[string]any); nc["io.mindroom.stream_status"] == "streaming" {
-					progress++
-				}
+				answers = append(answers, text)
 			}
-			switch {
-			case finals > n:
-				return progress, fmt.Errorf("the agent sent %d answers to %d messages", finals, n)
-			case finals == n:
-				return progress, nil
+			if nc["io.mindroom.stream_status"] == "streaming" {
+				progress++
 			}
 		}
-		if err := pause(ctx); err != nil {
-			return progress, fmt.Errorf("waiting for %d answers: %w", n, err)
+		switch {
+		case len(answers) > n:
+			return progress, answers, fmt.Errorf("the agent sent %d answers to %d messages", len(answers), n)
+		case len(answers) == n:
+			return progress, answers, nil
+		}
+		if err := p.more(ctx); err != nil {
+			return progress, answers, fmt.Errorf("waiting for %d answers: %w", n, err)
 		}
 	}
 }
 
+// pause waits pollEvery: the person in a clear room has no sync loop to
+// wake it when what it waits on comes, so it looks again.
 func pause(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(200 * time.Millisecond):
+	case <-time.After(pollEvery):
 		return nil
 	}
 }
 
-// printConversation reads a conversation (the room, or the thread of root)
-// through the agent API and prints it oldest first, one line a message.
-func printConversation(ctx context.Context, listen, agent, token, room, root string) error {
+// agentAPI is the daemon's agent API for one agent.
+type agentAPI struct {
+	listen, agent, token string
+}
+
+// line is one message of a conversation as the agent API serves it.
+type line struct {
+	who, body string
+}
+
+// awaitAnswers reads the room and the thread of root through the agent
+// API until, between them, they show each of answers. The agent's journal
+// takes in its own answers from the homeserver (in an encrypted room,
+// decrypting them), a moment after the person may have read them, so the
+// API is read again until it has.
+func (a agentAPI) awaitAnswers(ctx context.Context, room, root string, answers []string) (roomLines, threadLines []line, err error) {
+	for {
+		if roomLines, err = a.conversation(ctx, room, ""); err != nil {
+			return nil, nil, err
+		}
+		if threadLines, err = a.conversation(ctx, room, root); err != nil {
+			return nil, nil, err
+		}
+		shown := map[string]bool{}
+		for _, l := range append(slices.Clone(roomLines), threadLines...) {
+			shown[l.body] = true
+		}
+		missing := slices.DeleteFunc(slices.Clone(answers), func(answer string) bool { return shown[answer] })
+		if len(missing) == 0 {
+			return roomLines, threadLines, nil
+		}
+		if err := pause(ctx); err != nil {
+			return nil, nil, fmt.Errorf("the agent API never showed the answers %q: %w", missing, err)
+		}
+	}
+}
+
+// conversation reads a conversation (the room, or the thread of root)
+// through the agent API, oldest first.
+func (a agentAPI) conversation(ctx context.Context, room, root string) ([]line, error) {
 	q := url.Values{"limit": {"50"}}
 	if root != "" {
 		q.Set("thread", root)
 	}
-	u := "http://" + listen + "/v1/agents/" + agent + "/rooms/" + url.PathEscape(room) + "/messages?" + q.Encode()
+	u := "http://" + a.listen + "/v1/agents/" + a.agent + "/rooms/" + url.PathEscape(room) + "/messages?" + q.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Authorization", "Bearer "+a.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("agent API: %s: %s", resp.Status, body)
+		return nil, fmt.Errorf("agent API: %s: %s", resp.Status, body)
 	}
 	var page struct {
 		Messages []struct {
@@ -380,18 +410,25 @@ func printConversation(ctx context.Context, listen, agent, token, room, root str
 		} `json:"messages"`
 	}
 	if err := json.Unmarshal(body, &page); err != nil {
-		return err
+		return nil, err
 	}
 	if len(page.Messages) == 0 {
-		return errors.New("agent API: the conversation is empty")
+		return nil, errors.New("agent API: the conversation is empty")
 	}
+	var lines []line
 	for _, m := range page.Messages {
 		var c struct {
 			Body string `json:"body"`
 		}
 		_ = json.Unmarshal(m.Content, &c)
-		who := strings.TrimPrefix(strings.SplitN(m.Sender, ":", 2)[0], "@")
-		fmt.Printf("  %-8s %s\n", who+":", c.Body)
+		lines = append(lines, line{who: strings.TrimPrefix(strings.SplitN(m.Sender, ":", 2)[0], "@"), body: c.Body})
 	}
-	return nil
+	return lines, nil
+}
+
+// printConversation prints a conversation one line a message.
+func printConversation(lines []line) {
+	for _, l := range lines {
+		fmt.Printf("  %-8s %s\n", l.who+":", l.body)
+	}
 }

@@ -19,7 +19,7 @@ import (
 // by its owner". A user without cross-signing keys, or whose device the
 // self-signing key never signed, gives false; an error is a failed query
 // or a device the server does not list.
-func (p *Person) DeviceIsCrossSigned(ctx context.Context, userID, deviceID string) (bool, error) {
+func (c *Client) DeviceIsCrossSigned(ctx context.Context, userID, deviceID string) (bool, error) {
 	user := id.UserID(userID)
 	var resp struct {
 		DeviceKeys      map[id.UserID]map[id.DeviceID]json.RawMessage `json:"device_keys"`
@@ -29,7 +29,7 @@ func (p *Person) DeviceIsCrossSigned(ctx context.Context, userID, deviceID strin
 	// The signed objects are kept as the server sent them: a signature
 	// covers every field, including any mautrix's structs would drop.
 	req := map[string]any{"device_keys": map[id.UserID][]string{user: {deviceID}}}
-	if _, err := p.cli.MakeRequest(ctx, http.MethodPost, p.cli.BuildClientURL("v3", "keys", "query"), req, &resp); err != nil {
+	if _, err := c.cli.MakeRequest(ctx, http.MethodPost, c.cli.BuildClientURL("v3", "keys", "query"), req, &resp); err != nil {
 		return false, fmt.Errorf("query keys of %s: %w", userID, err)
 	}
 	device, ok := resp.DeviceKeys[user][id.DeviceID(deviceID)]
@@ -81,27 +81,27 @@ func signedBy(raw json.RawMessage, user id.UserID, key id.Ed25519) (bool, error)
 // user-signing keys, uploads them (authenticating with the account's
 // password), and signs its own device with the self-signing key. The
 // private keys stay in memory; nothing goes to secret storage.
-func (p *Person) CrossSignOwnDevice() {
-	p.tb.Helper()
-	ctx, cancel := p.ctx()
+func (c *Client) CrossSignOwnDevice(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	keys, err := p.mach.GenerateCrossSigningKeys()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys, err := c.mach.GenerateCrossSigningKeys()
 	if err != nil {
-		p.fatal("make cross-signing keys", err)
+		return c.fail("make cross-signing keys", err)
 	}
-	err = p.mach.PublishCrossSigningKeys(ctx, keys, func(ui *mautrix.RespUserInteractive) any {
+	err = c.mach.PublishCrossSigningKeys(ctx, keys, func(ui *mautrix.RespUserInteractive) any {
 		return &mautrix.ReqUIAuthLogin{
 			BaseAuthData: mautrix.BaseAuthData{Type: mautrix.AuthTypePassword, Session: ui.Session},
-			User:         p.UserID(),
-			Password:     p.password,
+			User:         c.UserID(),
+			Password:     c.password,
 		}
 	})
 	if err != nil {
-		p.fatal("upload cross-signing keys", err)
+		return c.fail("upload cross-signing keys", err)
 	}
-	if err := p.mach.SignOwnDevice(ctx, p.mach.OwnIdentity()); err != nil {
-		p.fatal("sign own device", err)
+	if err := c.mach.SignOwnDevice(ctx, c.mach.OwnIdentity()); err != nil {
+		return c.fail("sign own device", err)
 	}
+	return nil
 }

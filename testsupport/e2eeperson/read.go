@@ -3,13 +3,14 @@ package e2eeperson
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
 )
 
-// Decrypted is one room timeline event as this person's client reads it.
+// Decrypted is one room event as this person's client reads it.
 type Decrypted struct {
 	// EventID and Sender are the event's, as the server sent them.
 	EventID string
@@ -51,90 +52,83 @@ func WithID(eventID string) func(evType string, content map[string]any, raw json
 	}
 }
 
-// AwaitDecrypted returns the ID and content of the first timeline event
-// of room for which match is true, syncing until ctx ends (which fails
-// the test). match sees only events that read in the clear: ones that
-// decrypted (evType and content as decrypted) and ones never encrypted;
-// raw is the event as the server sent it. An encrypted event whose key is
-// missing is tried again after every later sync, so awaiting it waits for
-// its key as well. Events seen before the call count too.
-func (p *Person) AwaitDecrypted(ctx context.Context, room string, match func(evType string, content map[string]any, raw json.RawMessage) bool) (eventID string, content map[string]any) {
-	p.tb.Helper()
-	for {
-		p.mu.Lock()
-		var found *Decrypted
-		for _, seen := range p.timeline[id.RoomID(room)] {
-			d := p.read(ctx, seen)
-			if d.Err == nil && match(d.Type, d.Content, d.Raw) {
-				found = &d
-				break
-			}
-		}
-		synced, syncErr, checked := p.synced, p.syncErr, len(p.timeline[id.RoomID(room)])
-		p.mu.Unlock()
-		if found != nil {
-			return found.EventID, found.Content
-		}
-		if syncErr != nil {
-			p.fatal(fmt.Sprintf("await an event in %s (%d seen)", room, checked), syncErr)
-		}
-		select {
-		case <-synced:
-		case <-ctx.Done():
-			p.fatal(fmt.Sprintf("await an event in %s (%d seen)", room, checked), ctx.Err())
-		}
-	}
+// AwaitDecrypted returns the first timeline event of room for which
+// match is true, waiting on syncs until ctx ends (an error). match sees
+// only events that read in the clear: ones that decrypted (evType and
+// content as decrypted) and ones never encrypted; raw is the event as the
+// server sent it. An encrypted event whose key is missing is tried again
+// after every later sync, so awaiting it waits for its key as well. Events
+// seen before the call count too.
+func (c *Client) AwaitDecrypted(ctx context.Context, room string, match func(evType string, content map[string]any, raw json.RawMessage) bool) (Decrypted, error) {
+	return c.await(ctx, room, fmt.Sprintf("await an event in %s", room), func(d Decrypted) bool {
+		return d.Err == nil && match(d.Type, d.Content, d.Raw)
+	})
 }
 
-// Decrypt waits, until ctx ends (which fails the test), for a sync to
-// show eventID in room, and reads it now: a key that arrived since the
-// last try is used.
-func (p *Person) Decrypt(ctx context.Context, room, eventID string) Decrypted {
-	p.tb.Helper()
+// Decrypt waits, until ctx ends (an error), for a sync to show eventID in
+// room, and reads it now: a key that arrived since the last try is used.
+func (c *Client) Decrypt(ctx context.Context, room, eventID string) (Decrypted, error) {
+	return c.await(ctx, room, "await "+eventID, func(d Decrypted) bool { return d.EventID == eventID })
+}
+
+// await returns the first timeline event of room, read now, that found
+// accepts, waiting on syncs until ctx ends or the sync loop stops; what
+// names the wait in its error, with how many events were seen.
+func (c *Client) await(ctx context.Context, room, what string, found func(Decrypted) bool) (Decrypted, error) {
 	for {
-		p.mu.Lock()
-		var found *Decrypted
-		for _, seen := range p.timeline[id.RoomID(room)] {
-			if seen.evt.ID.String() == eventID {
-				d := p.read(ctx, seen)
-				found = &d
+		c.mu.Lock()
+		var hit *Decrypted
+		for _, seen := range c.timeline[id.RoomID(room)] {
+			if d := c.read(ctx, seen); found(d) {
+				hit = &d
 				break
 			}
 		}
-		synced, syncErr := p.synced, p.syncErr
-		p.mu.Unlock()
-		if found != nil {
-			return *found
+		synced, syncErr, checked := c.synced, c.syncErr, len(c.timeline[id.RoomID(room)])
+		c.mu.Unlock()
+		if hit != nil {
+			return *hit, nil
 		}
 		if syncErr != nil {
-			p.fatal("await "+eventID, syncErr)
+			return Decrypted{}, c.fail(fmt.Sprintf("%s (%d seen)", what, checked), syncErr)
 		}
 		select {
 		case <-synced:
 		case <-ctx.Done():
-			p.fatal("await "+eventID, ctx.Err())
+			return Decrypted{}, c.fail(fmt.Sprintf("%s (%d seen)", what, checked), ctx.Err())
 		}
 	}
 }
 
 // DecryptedTimeline returns every timeline event of room the sync loop has
 // seen so far, oldest first, each decrypted where it can be now.
-func (p *Person) DecryptedTimeline(room string) []Decrypted {
-	p.tb.Helper()
-	ctx, cancel := p.ctx()
-	defer cancel()
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (c *Client) DecryptedTimeline(ctx context.Context, room string) []Decrypted {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var out []Decrypted
-	for _, seen := range p.timeline[id.RoomID(room)] {
-		out = append(out, p.read(ctx, seen))
+	for _, seen := range c.timeline[id.RoomID(room)] {
+		out = append(out, c.read(ctx, seen))
 	}
 	return out
 }
 
+// ReadEvent reads raw, an event of room this client came by otherwise
+// than through its sync (a page of /messages), as it reads its timeline's:
+// decrypted if its key is here now. A state event read so changes no room
+// state.
+func (c *Client) ReadEvent(ctx context.Context, room string, raw json.RawMessage) Decrypted {
+	evt := parseEvent(id.RoomID(room), raw)
+	if evt == nil {
+		return Decrypted{Raw: raw, Err: errors.New("the event does not parse")}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.read(ctx, &seenEvent{raw: raw, evt: evt})
+}
+
 // read returns what seen reads as now, trying to decrypt it if it is
 // encrypted and has not decrypted yet. Called with mu held.
-func (p *Person) read(ctx context.Context, seen *seenEvent) Decrypted {
+func (c *Client) read(ctx context.Context, seen *seenEvent) Decrypted {
 	if seen.read != nil {
 		return *seen.read
 	}
@@ -143,7 +137,7 @@ func (p *Person) read(ctx context.Context, seen *seenEvent) Decrypted {
 	content := evt.Content.VeryRaw
 	if evt.Type == event.EventEncrypted {
 		d.Encrypted = true
-		decrypted, err := p.mach.DecryptMegolmEvent(ctx, evt)
+		decrypted, err := c.mach.DecryptMegolmEvent(ctx, evt)
 		if err != nil {
 			d.Err = err
 			return d
