@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,27 +24,7 @@ import (
 // name whose agent API answers to token, with storage under dir.
 func writeEncryptedConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token, dir string, extra ...string) string {
 	t.Helper()
-	for file, v := range map[string]string{"pw": bot.Password, "tok": token} {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-%sagents:
-  - name: %s
-    user_id: "%s"
-    password_file: pw
-    api_token_file: tok
-    auto_join: true
-    backend:
-      type: echo
-`, homeserver, strings.Join(extra, ""), name, bot.UserID)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return writeAgentConfig(t, homeserver, bot, name, token, "echo", dir, extra...)
 }
 
 // encryptedReply matches the agent's encrypted answer to body.
@@ -89,63 +68,118 @@ func answersFrom(t *testing.T, p *e2eeperson.Person, room, bot string) map[strin
 	return n
 }
 
-func TestAPersonInAnEncryptedRoomIsAnsweredOnceAndReadsEveryReply(t *testing.T) {
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "cipher", "cipher-password-9a1e")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	const token = "encrypted-api-token-5b7c"
-	dir := t.TempDir()
-	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "cipher", token, dir))
-	t.Cleanup(func() { d.stopCleanly(t) })
+// encrypted is an agent's daemon and a person, alice, in an encrypted
+// room alice made and the agent joined.
+type encrypted struct {
+	t     *testing.T
+	hs    *dendrite.Server
+	bot   dendrite.Account
+	alice *e2eeperson.Person
+	// dir holds the configuration (cfg) and the storage (dir/storage).
+	dir, cfg, room, token string
+	d                     *inProcess
+	ctx                   context.Context
+}
 
-	room := alice.CreateEncryptedRoom(bot.UserID)
+// startEncrypted starts Dendrite and the daemon of one echo agent named
+// name (extra lines added to its configuration), and has alice invite it
+// into a new encrypted room; it returns once the agent has joined. The
+// daemon is stopped cleanly when the test ends.
+func startEncrypted(t *testing.T, name string, extra ...string) *encrypted {
+	t.Helper()
+	e := &encrypted{t: t, hs: dendrite.Start(t), dir: t.TempDir(), token: name + "-api-token"}
+	e.bot = e.hs.Register(t, name, name+"-password-4b1d")
+	e.alice = e2eeperson.New(t, e.hs, e.hs.Register(t, "alice", "alice-password"))
+	e.cfg = writeEncryptedConfig(t, e.hs.URL, e.bot, name, e.token, e.dir, extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
+	t.Cleanup(cancel)
+	e.ctx = ctx
+	e.start()
+	t.Cleanup(func() { e.d.stopCleanly(t) })
+	e.room = e.alice.CreateEncryptedRoom(e.bot.UserID)
+	e.alice.AwaitDecrypted(ctx, e.room, joinedBy(e.bot.UserID))
+	return e
+}
 
-	hello := alice.SendText(room, "Hello, encrypted!")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Hello, encrypted!"))
+// start runs the daemon on the fixture's configuration.
+func (e *encrypted) start() { e.d = runInProcess(e.cfg) }
+
+// restart stops the daemon cleanly and starts it again.
+func (e *encrypted) restart() {
+	e.t.Helper()
+	e.d.stopCleanly(e.t)
+	e.start()
+}
+
+// ask has alice send body and waits for the agent's encrypted answer.
+func (e *encrypted) ask(body string) string {
+	e.t.Helper()
+	id := e.alice.SendText(e.room, body)
+	e.awaitAnswer(body)
+	return id
+}
+
+// awaitAnswer waits for the agent's encrypted answer to body.
+func (e *encrypted) awaitAnswer(body string) {
+	e.t.Helper()
+	e.alice.AwaitDecrypted(e.ctx, e.room, encryptedReply(e.bot.UserID, body))
+}
+
+// storage is the agent's storage directory.
+func (e *encrypted) storage() string { return filepath.Join(e.dir, "storage") }
+
+// answers counts the agent's answers by body, as alice decrypts them.
+func (e *encrypted) answers() map[string]int {
+	e.t.Helper()
+	return answersFrom(e.t, e.alice, e.room, e.bot.UserID)
+}
+
+// answeredOnce fails the test unless each question has exactly one answer.
+func (e *encrypted) answeredOnce(questions ...string) {
+	e.t.Helper()
+	got := e.answers()
+	for _, q := range questions {
+		if got["echo: "+q] != 1 {
+			e.t.Fatalf("answers = %v, want %q answered once", got, q)
+		}
+	}
+}
+
+func TestAPersonInAnEncryptedRoomIsAnsweredOnceAndReadsEveryReply(t *testing.T) {
+	e := startEncrypted(t, "cipher")
+	alice, room := e.alice, e.room
+	hello := e.ask("Hello, encrypted!")
 	alice.Edit(room, hello, "Hello, edited!")
 	alice.ThreadReply(room, hello, "And in a thread?")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "And in a thread?"))
-	regret := alice.SendText(room, "Never mind this one")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Never mind this one"))
+	e.awaitAnswer("And in a thread?")
+	regret := e.ask("Never mind this one")
 	alice.Redact(room, regret)
-	alice.SendText(room, "The last one")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "The last one"))
+	e.ask("The last one")
 
 	// The agent's device is cross-signed, as the person's client sees it.
-	dev, ok, err := e2ee.ReadDeviceStatus(filepath.Join(dir, "storage"), "cipher")
+	dev, ok, err := e2ee.ReadDeviceStatus(e.storage(), "cipher")
 	if err != nil || !ok || !dev.CrossSigned {
 		t.Fatalf("device status = %+v, %t, %v; want it recorded as cross-signed", dev, ok, err)
 	}
-	if signed, err := alice.DeviceIsCrossSigned(ctx, bot.UserID, dev.DeviceID); err != nil || !signed {
+	if signed, err := alice.DeviceIsCrossSigned(e.ctx, e.bot.UserID, dev.DeviceID); err != nil || !signed {
 		t.Fatalf("the person's client sees device %s cross-signed: %t, %v", dev.DeviceID, signed, err)
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "storage", "matrix", "cipher.recovery-key")); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(filepath.Join(e.storage(), "matrix", "cipher.recovery-key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("recovery key file: %v, %v; want it written 0600", fi, err)
 	}
-
-	want := map[string]int{"echo: Hello, encrypted!": 1, "echo: And in a thread?": 1, "echo: Never mind this one": 1, "echo: The last one": 1}
-	got := answersFrom(t, alice, room, bot.UserID)
-	for body, n := range want {
-		if got[body] != n {
-			t.Fatalf("answers = %v, want each question answered once: %v", got, want)
-		}
-	}
+	e.answeredOnce("Hello, encrypted!", "And in a thread?", "Never mind this one", "The last one")
 
 	// The agent API shows the conversation as a person reads it: the
 	// edit applied, the redacted message gone, the answers there.
 	var page struct {
 		Messages []struct {
-			EventID string `json:"event_id"`
 			Content struct {
 				Body string `json:"body"`
 			} `json:"content"`
 		} `json:"messages"`
 	}
-	u := "http://" + daemonAddress(t, d.log) + "/v1/agents/cipher/rooms/" + url.PathEscape(room) + "/messages?limit=50"
-	if code := apiCall(t, "GET", u, token, "", &page); code != http.StatusOK {
+	u := "http://" + daemonAddress(t, e.d.log) + "/v1/agents/cipher/rooms/" + url.PathEscape(room) + "/messages?limit=50"
+	if code := apiCall(t, "GET", u, e.token, "", &page); code != http.StatusOK {
 		t.Fatalf("messages: status %d", code)
 	}
 	var bodies []string
@@ -165,62 +199,27 @@ func TestAPersonInAnEncryptedRoomIsAnsweredOnceAndReadsEveryReply(t *testing.T) 
 }
 
 func TestAMessageWhoseKeyComesLateIsAnsweredOnceWhenItComes(t *testing.T) {
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "late", "late-password-3f2d")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	const token = "late-api-token-8e1a"
-	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "late", token, t.TempDir()))
-	t.Cleanup(func() { d.stopCleanly(t) })
-
-	room := alice.CreateEncryptedRoom(bot.UserID)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
-	alice.SendText(room, "First, with its key")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "First, with its key"))
-
-	late := alice.SendTextWithheldFrom(room, "Second, key withheld", bot.UserID)
+	e := startEncrypted(t, "late")
+	alice, room := e.alice, e.room
+	e.ask("First, with its key")
+	late := alice.SendTextWithheldFrom(room, "Second, key withheld", e.bot.UserID)
 	// The daemon has admitted the ciphertext once a later message it could
 	// read was answered: sync order is receipt order.
-	alice.SendText(room, "Third, with its key")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Third, with its key"))
-	if n := answersFrom(t, alice, room, bot.UserID)["echo: Second, key withheld"]; n != 0 {
+	e.ask("Third, with its key")
+	if n := e.answers()["echo: Second, key withheld"]; n != 0 {
 		t.Fatalf("the message whose key is withheld was answered %d times before its key came", n)
 	}
-	awaiting := func() int {
-		var page struct {
-			Events []struct {
-				EventID string `json:"event_id"`
-			} `json:"events"`
-		}
-		u := "http://" + daemonAddress(t, d.log) + "/v1/agents/late/pending?limit=50"
-		if code := apiCall(t, "GET", u, token, "", &page); code != http.StatusOK {
-			t.Fatalf("pending: status %d", code)
-		}
-		for _, e := range page.Events {
-			if e.EventID == late {
-				return 1
-			}
-		}
-		return 0
-	}
-	if awaiting() != 0 {
+	if slices.Contains(pendingIDs(t, "http://"+daemonAddress(t, e.d.log)+"/v1/agents/late", e.token), late) {
 		t.Fatal("an event still awaiting its key is offered as work")
 	}
 
 	alice.ShareWithheldKeys(room)
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Second, key withheld"))
-	if !strings.Contains(d.log.String(), `"event_id":"`+late+`","room_id":"`+room+`","outcome":"resolved"`) {
-		t.Fatalf("the daemon did not log the late key resolving %s:\n%s", late, d.log.String())
+	e.awaitAnswer("Second, key withheld")
+	if !strings.Contains(e.d.log.String(), `"event_id":"`+late+`","room_id":"`+room+`","outcome":"resolved"`) {
+		t.Fatalf("the daemon did not log the late key resolving %s:\n%s", late, e.d.log.String())
 	}
-	alice.SendText(room, "Fourth, the last")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Fourth, the last"))
-	got := answersFrom(t, alice, room, bot.UserID)
-	for _, q := range []string{"First, with its key", "Second, key withheld", "Third, with its key", "Fourth, the last"} {
-		if got["echo: "+q] != 1 {
-			t.Fatalf("answers = %v, want %q answered once", got, q)
-		}
-	}
+	e.ask("Fourth, the last")
+	e.answeredOnce("First, with its key", "Second, key withheld", "Third, with its key", "Fourth, the last")
 }
 
 // noticeOf matches the agent's notice that it cannot read a message yet.
@@ -235,44 +234,31 @@ func noticeOf(bot string) func(string, map[string]any, json.RawMessage) bool {
 }
 
 func TestAMessageWhoseKeyIsMissingIsToldToTheRoomOnceAndAKickBeforeItsKeyVoidsIt(t *testing.T) {
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "kicked", "kicked-password-71c0")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	dir := t.TempDir()
-	cfg := writeEncryptedConfig(t, hs.URL, bot, "kicked", "kicked-api-token", dir, "key_notice_after: 1s\n")
-	d := runInProcess(cfg)
-
-	room := alice.CreateEncryptedRoom(bot.UserID)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
-	withheld := alice.SendTextWithheldFrom(room, "Said before the kick", bot.UserID)
-	alice.AwaitDecrypted(ctx, room, noticeOf(bot.UserID))
+	e := startEncrypted(t, "kicked", "key_notice_after: 1s\n")
+	alice, room, bot := e.alice, e.room, e.bot.UserID
+	withheld := alice.SendTextWithheldFrom(room, "Said before the kick", bot)
+	alice.AwaitDecrypted(e.ctx, room, noticeOf(bot))
 
 	// The person removes the agent and asks it back; only then does the
 	// key come. What was said to the ended membership is never answered.
-	firstJoins := joinIDs(t, alice, room, bot.UserID)
-	alice.Kick(room, bot.UserID)
-	alice.Invite(room, bot.UserID)
+	firstJoins := joinIDs(t, alice, room, bot)
+	alice.Kick(room, bot)
+	alice.Invite(room, bot)
 	rejoined := func(typ string, content map[string]any, raw json.RawMessage) bool {
 		var ev struct {
 			EventID string `json:"event_id"`
 		}
 		_ = json.Unmarshal(raw, &ev)
-		return joinedBy(bot.UserID)(typ, content, raw) && !slices.Contains(firstJoins, ev.EventID)
+		return joinedBy(bot)(typ, content, raw) && !slices.Contains(firstJoins, ev.EventID)
 	}
-	alice.AwaitDecrypted(ctx, room, rejoined)
+	alice.AwaitDecrypted(e.ctx, room, rejoined)
 	alice.ShareWithheldKeys(room)
-	alice.SendText(room, "Said after the rejoin")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Said after the rejoin"))
+	e.ask("Said after the rejoin")
 
 	// A restart sweeps every wait again: still one notice, no answer.
-	d.stopCleanly(t)
-	d = runInProcess(cfg)
-	t.Cleanup(func() { d.stopCleanly(t) })
-	alice.SendText(room, "After the restart")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restart"))
-	got := answersFrom(t, alice, room, bot.UserID)
+	e.restart()
+	e.ask("After the restart")
+	got := e.answers()
 	if n := got["echo: Said before the kick"]; n != 0 {
 		t.Fatalf("the message of the ended membership %s was answered %d times once its key came", withheld, n)
 	}
@@ -297,25 +283,15 @@ func joinIDs(t *testing.T, p *e2eeperson.Person, room, user string) []string {
 }
 
 func TestABackupOfAnEncryptedAgentRestoresToADaemonThatStillReadsItsRooms(t *testing.T) {
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "keeper", "keeper-password-0c4e")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	dir := t.TempDir()
-	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "keeper", "keeper-api-token", dir))
-	room := alice.CreateEncryptedRoom(bot.UserID)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
-	alice.SendText(room, "Before the backup")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Before the backup"))
-
-	storage := filepath.Join(dir, "storage")
+	e := startEncrypted(t, "keeper")
+	e.ask("Before the backup")
+	storage := e.storage()
 	to := filepath.Join(t.TempDir(), "journal.backup")
 	out, err := run(t, "backup", "-storage", storage, "-to", to)
 	if err != nil || !strings.Contains(out, "(1 olm accounts) written to "+to+".crypto.db and verified") {
 		t.Fatalf("backup beside the running daemon: %v\n%s", err, out)
 	}
-	d.stopCleanly(t)
+	e.d.stopCleanly(t)
 
 	// The restore: the two backups, and the secrets kept apart from them
 	// (the pickle key, the Matrix session, the recovery key).
@@ -335,30 +311,17 @@ func TestABackupOfAnEncryptedAgentRestoresToADaemonThatStillReadsItsRooms(t *tes
 			t.Fatal(err)
 		}
 	}
-	d = runInProcess(writeEncryptedConfig(t, hs.URL, bot, "keeper", "keeper-api-token", restored))
-	t.Cleanup(func() { d.stopCleanly(t) })
-	alice.SendText(room, "After the restore")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restore"))
-	got := answersFrom(t, alice, room, bot.UserID)
-	if got["echo: Before the backup"] != 1 || got["echo: After the restore"] != 1 {
-		t.Fatalf("answers = %v, want each message answered once across the restore", got)
-	}
+	e.cfg = writeEncryptedConfig(t, e.hs.URL, e.bot, "keeper", e.token, restored)
+	e.start()
+	e.ask("After the restore")
+	e.answeredOnce("Before the backup", "After the restore")
 }
 
 func TestMalformedCiphertextIsRecordedAndSkippedAndTheBacklogGoesOn(t *testing.T) {
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "sturdy", "sturdy-password-2b8d")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	mallory := hs.User(t, hs.Register(t, "mallory", "mallory-password"))
-	dir := t.TempDir()
-	d := runInProcess(writeEncryptedConfig(t, hs.URL, bot, "sturdy", "sturdy-api-token", dir))
-	t.Cleanup(func() { d.stopCleanly(t) })
-	room := alice.CreateEncryptedRoom(bot.UserID)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
-	alice.Invite(room, mallory.UserID)
-	mallory.Join(room)
+	e := startEncrypted(t, "sturdy")
+	mallory := e.hs.User(t, e.hs.Register(t, "mallory", "mallory-password"))
+	e.alice.Invite(e.room, mallory.UserID)
+	mallory.Join(e.room)
 
 	session := strings.Repeat("A", 43)
 	bad := map[string]map[string]any{
@@ -369,23 +332,22 @@ func TestMalformedCiphertextIsRecordedAndSkippedAndTheBacklogGoesOn(t *testing.T
 	}
 	ids := map[string]string{}
 	for what, content := range bad {
-		ids[what] = mallory.Send(room, "m.room.encrypted", content)
+		ids[what] = mallory.Send(e.room, "m.room.encrypted", content)
 	}
 	// Well-formed ciphertext under a session nobody ever shared cannot be
 	// told from a message whose key is late: it waits (never work) until
 	// its deadline settles it.
-	mallory.Send(room, "m.room.encrypted", map[string]any{"algorithm": "m.megolm.v1.aes-sha2",
+	mallory.Send(e.room, "m.room.encrypted", map[string]any{"algorithm": "m.megolm.v1.aes-sha2",
 		"ciphertext": strings.Repeat("Zm9v", 30), "session_id": session, "sender_key": "x", "device_id": "D"})
-	alice.SendText(room, "Still heard")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Still heard"))
-	out, err := run(t, "status", "-storage", filepath.Join(dir, "storage"))
+	e.ask("Still heard")
+	out, err := run(t, "status", "-storage", e.storage())
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
-	if fields := statusLine(t, out, "sturdy@"+bot.UserID); fields[10] != "1" || fields[11] != "0" {
+	if fields := statusLine(t, out, "sturdy@"+e.bot.UserID); fields[10] != "1" || fields[11] != "0" {
 		t.Fatalf("status line %q: want 1 event awaiting its key and none undecryptable", fields)
 	}
-	log := d.log.String()
+	log := e.d.log.String()
 	for what, id := range ids {
 		if !strings.Contains(log, `"event_id":"`+id+`"`) || !strings.Contains(log, "Malformed event recorded and skipped") {
 			t.Fatalf("the %s event %s was not recorded as malformed; log:\n%s", what, id, log)
@@ -462,45 +424,28 @@ func TestAWrongPickleKeyOrALostCryptoStoreRefusesTheStartWithExit4(t *testing.T)
 
 func TestOnPostgreSQLTheCryptoStoreLivesInTheDatabaseAndAnEncryptedRoomIsAnsweredAcrossARestart(t *testing.T) {
 	dbURL := postgresURL(t)
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "pgcipher", "pgcipher-password-4e2a")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "pg.url"), []byte(dbURL+"\n"), 0o600); err != nil {
+	urlFile := filepath.Join(t.TempDir(), "pg.url")
+	if err := os.WriteFile(urlFile, []byte(dbURL+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := writeEncryptedConfig(t, hs.URL, bot, "pgcipher", "pgcipher-api-token", dir, "database_url_file: ./pg.url\n")
-	d := runInProcess(cfg)
-	room := alice.CreateEncryptedRoom(bot.UserID)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
-	alice.SendText(room, "Hello, PostgreSQL")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "Hello, PostgreSQL"))
-	d.stopCleanly(t)
-
-	if _, err := os.Stat(filepath.Join(dir, "storage", "crypto.db")); !os.IsNotExist(err) {
+	e := startEncrypted(t, "pgcipher", "database_url_file: "+urlFile+"\n")
+	e.ask("Hello, PostgreSQL")
+	if _, err := os.Stat(filepath.Join(e.storage(), "crypto.db")); !os.IsNotExist(err) {
 		t.Fatalf("a crypto.db beside a PostgreSQL journal: %v", err)
 	}
-	conn, err := pgx.Connect(ctx, dbURL)
+	conn, err := pgx.Connect(e.ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var accounts int
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM crypto_account WHERE account_id = $1`, "pgcipher@"+bot.UserID).Scan(&accounts)
-	_ = conn.Close(ctx)
+	err = conn.QueryRow(e.ctx, `SELECT count(*) FROM crypto_account WHERE account_id = $1`, "pgcipher@"+e.bot.UserID).Scan(&accounts)
+	_ = conn.Close(e.ctx)
 	if err != nil || accounts != 1 {
 		t.Fatalf("olm accounts in the database = %d, %v; want the agent's one", accounts, err)
 	}
-
-	d = runInProcess(cfg)
-	t.Cleanup(func() { d.stopCleanly(t) })
-	alice.SendText(room, "After the restart")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restart"))
-	got := answersFrom(t, alice, room, bot.UserID)
-	if got["echo: Hello, PostgreSQL"] != 1 || got["echo: After the restart"] != 1 {
-		t.Fatalf("answers = %v, want each message answered once", got)
-	}
+	e.restart()
+	e.ask("After the restart")
+	e.answeredOnce("Hello, PostgreSQL", "After the restart")
 }
 
 // botSession reads the agent's Matrix session file.
@@ -540,59 +485,39 @@ func devicesOf(t *testing.T, homeserver, token string) []string {
 }
 
 func TestARestartAndAReLoginKeepTheAgentsOneDeviceItsKeysAndItsSignature(t *testing.T) {
-	hs := dendrite.Start(t)
-	bot := hs.Register(t, "steady", "steady-password-8f3b")
-	alice := e2eeperson.New(t, hs, hs.Register(t, "alice", "alice-password"))
-	waker := hs.User(t, hs.Register(t, "waker", "waker-password"))
-	dir := t.TempDir()
-	storage := filepath.Join(dir, "storage")
-	cfg := writeEncryptedConfig(t, hs.URL, bot, "steady", "steady-api-token", dir)
-	d := runInProcess(cfg)
-	room := alice.CreateEncryptedRoom(bot.UserID)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	alice.AwaitDecrypted(ctx, room, joinedBy(bot.UserID))
-	alice.SendText(room, "First")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "First"))
-	device, token := botSession(t, storage, "steady")
-	before := devicesOf(t, hs.URL, token)
+	e := startEncrypted(t, "steady")
+	waker := e.hs.User(t, e.hs.Register(t, "waker", "waker-password"))
+	e.ask("First")
+	device, token := botSession(t, e.storage(), "steady")
+	before := devicesOf(t, e.hs.URL, token)
 
-	d.stopCleanly(t)
-	d = runInProcess(cfg)
-	t.Cleanup(func() { d.stopCleanly(t) })
-	alice.SendText(room, "After the restart")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the restart"))
-	if again, _ := botSession(t, storage, "steady"); again != device {
+	e.restart()
+	e.ask("After the restart")
+	if again, _ := botSession(t, e.storage(), "steady"); again != device {
 		t.Fatalf("the restart moved the agent from device %s to %s", device, again)
 	}
 
 	// The session is signed out (on Dendrite that deletes the device and
 	// its keys); a sync the waker wakes meets the refusal, and the daemon
 	// logs in again on the same device and publishes its keys again.
-	alice.Invite(room, waker.UserID)
-	waker.Join(room)
-	if code := apiCall(t, "POST", hs.URL+"/_matrix/client/v3/logout", token, "{}", nil); code != http.StatusOK {
+	e.alice.Invite(e.room, waker.UserID)
+	waker.Join(e.room)
+	if code := apiCall(t, "POST", e.hs.URL+"/_matrix/client/v3/logout", token, "{}", nil); code != http.StatusOK {
 		t.Fatalf("logout: status %d", code)
 	}
-	waker.SendText(room, "wake up")
-	d.awaitLog(t, "Device keys uploaded", 1)
-	alice.SendText(room, "After the re-login")
-	alice.AwaitDecrypted(ctx, room, encryptedReply(bot.UserID, "After the re-login"))
+	waker.SendText(e.room, "wake up")
+	e.d.awaitLog(t, "Device keys uploaded", 1)
+	e.ask("After the re-login")
 
-	now, token := botSession(t, storage, "steady")
+	now, token := botSession(t, e.storage(), "steady")
 	if now != device {
 		t.Fatalf("the re-login moved the agent from device %s to %s", device, now)
 	}
-	if after := devicesOf(t, hs.URL, token); !slices.Equal(after, before) {
+	if after := devicesOf(t, e.hs.URL, token); !slices.Equal(after, before) {
 		t.Fatalf("devices = %v after a restart and a re-login, want %v", after, before)
 	}
-	if signed, err := alice.DeviceIsCrossSigned(ctx, bot.UserID, device); err != nil || !signed {
+	if signed, err := e.alice.DeviceIsCrossSigned(e.ctx, e.bot.UserID, device); err != nil || !signed {
 		t.Fatalf("after the re-login the person's client sees device %s cross-signed: %t, %v", device, signed, err)
 	}
-	got := answersFrom(t, alice, room, bot.UserID)
-	for _, q := range []string{"First", "After the restart", "After the re-login"} {
-		if got["echo: "+q] != 1 {
-			t.Fatalf("answers = %v, want %q answered once", got, q)
-		}
-	}
+	e.answeredOnce("First", "After the restart", "After the re-login")
 }

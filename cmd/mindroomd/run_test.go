@@ -71,7 +71,15 @@ agents:
 // returns its path.
 func writeHTTPAgentConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token string) string {
 	t.Helper()
-	dir := t.TempDir()
+	return writeAgentConfig(t, homeserver, bot, name, token, "http", t.TempDir())
+}
+
+// writeAgentConfig writes into dir a configuration of one agent named name
+// with the back-end of type backend, its password and API token in files
+// beside it, storage in ./storage, and extra top-level lines; it returns
+// its path.
+func writeAgentConfig(t *testing.T, homeserver string, bot dendrite.Account, name, token, backend, dir string, extra ...string) string {
+	t.Helper()
 	for file, v := range map[string]string{"pw": bot.Password, "tok": token} {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0o600); err != nil {
 			t.Fatal(err)
@@ -81,15 +89,15 @@ func writeHTTPAgentConfig(t *testing.T, homeserver string, bot dendrite.Account,
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
 storage: ./storage
 listen: 127.0.0.1:0
-agents:
+%sagents:
   - name: %s
     user_id: "%s"
     password_file: pw
     api_token_file: tok
     auto_join: true
     backend:
-      type: http
-`, homeserver, name, bot.UserID)), 0o600); err != nil {
+      type: %s
+`, homeserver, strings.Join(extra, ""), name, bot.UserID, backend)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
