@@ -62,6 +62,8 @@ type Machine struct {
 	// yet in this run; asked are those already asked for.
 	wanted map[journal.KeyWait]keyRequest
 	asked  map[journal.KeyWait]struct{}
+	// clear are the rooms the homeserver said are not encrypted, this run.
+	clear map[id.RoomID]struct{}
 }
 
 // keyRequest is what a room key request names.
@@ -98,6 +100,7 @@ func (s *Store) Machine(ctx context.Context, o Options) (*Machine, error) {
 		received: make(map[journal.KeyWait]struct{}),
 		wanted:   make(map[journal.KeyWait]keyRequest),
 		asked:    make(map[journal.KeyWait]struct{}),
+		clear:    make(map[id.RoomID]struct{}),
 	}
 	m.mach = crypto.NewOlmMachine(mx, &mlog, cs, s.state)
 	m.mach.SessionReceived = m.sessionReceived
@@ -430,7 +433,7 @@ func (m *Machine) RequestKeys(ctx context.Context) {
 // encrypted room.
 func (m *Machine) Seal(ctx context.Context, room, eventType string, content json.RawMessage) (string, json.RawMessage, error) {
 	rid := id.RoomID(room)
-	encrypted, err := m.store.state.IsEncrypted(ctx, rid)
+	encrypted, err := m.encrypted(ctx, rid)
 	if err != nil {
 		return "", nil, fmt.Errorf("read whether %s is encrypted: %w", room, err)
 	}
@@ -465,7 +468,36 @@ func (m *Machine) Seal(ctx context.Context, room, eventType string, content json
 	return event.EventEncrypted.Type, out, nil
 }
 
-// IsEncrypted reports whether room's state says it is encrypted.
-func (m *Machine) IsEncrypted(ctx context.Context, room string) (bool, error) {
-	return m.store.state.IsEncrypted(ctx, id.RoomID(room))
+// encrypted reports whether room is encrypted. The kept room state may
+// not say so (a crypto store restored from a copy older than the
+// journal, whose sync will not show the room's state again): a room it
+// holds no encryption for is asked of the homeserver once per run before
+// anything goes into it in the clear, and a failed answer fails the send.
+func (m *Machine) encrypted(ctx context.Context, room id.RoomID) (bool, error) {
+	encrypted, err := m.store.state.IsEncrypted(ctx, room)
+	if err != nil || encrypted {
+		return encrypted, err
+	}
+	m.mu.Lock()
+	_, known := m.clear[room]
+	m.mu.Unlock()
+	if known {
+		return false, nil
+	}
+	var content event.EncryptionEventContent
+	err = m.mach.Client.StateEvent(ctx, room, event.StateEncryption, "", &content)
+	switch {
+	case errors.Is(err, mautrix.MNotFound):
+		m.mu.Lock()
+		m.clear[room] = struct{}{}
+		m.mu.Unlock()
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	if err := m.store.state.SetEncryptionEvent(ctx, room, &content); err != nil {
+		return false, err
+	}
+	m.log.Warn().Str("room_id", room.String()).Msg("The kept room state did not know this room is encrypted; the homeserver said so")
+	return true, nil
 }

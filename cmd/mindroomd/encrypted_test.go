@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -520,4 +521,29 @@ func TestARestartAndAReLoginKeepTheAgentsOneDeviceItsKeysAndItsSignature(t *test
 		t.Fatalf("after the re-login the person's client sees device %s cross-signed: %t, %v", device, signed, err)
 	}
 	e.answeredOnce("First", "After the restart", "After the re-login")
+}
+
+func TestARoomWhoseKeptStateForgotItsEncryptionGetsNoPlaintext(t *testing.T) {
+	e := startEncrypted(t, "careful")
+	e.ask("Before")
+	e.d.stopCleanly(t)
+	// A crypto store restored from a copy older than the room's
+	// encryption: the kept state no longer says the room is encrypted, and
+	// the sync will not show that state again.
+	db, err := sql.Open("sqlite3", filepath.Join(e.storage(), "crypto.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE mx_room_state SET encryption = NULL WHERE room_id = ?`, e.room); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	e.ask("After")
+	e.answeredOnce("Before", "After") // answersFrom fails the test on a clear answer
+	if !strings.Contains(e.d.log.String(), "the homeserver said so") {
+		t.Fatalf("the daemon did not ask the homeserver; its log:\n%s", e.d.log)
+	}
 }
