@@ -56,6 +56,9 @@ func statusRows(t *testing.T, out string) map[string]map[string]string {
 	names := columns.Split(strings.TrimSpace(lines[head]), -1)
 	rows := make(map[string]map[string]string)
 	for _, l := range lines[head+1:] {
+		if strings.TrimSpace(l) == "" {
+			break // the devices' table follows
+		}
 		cells := columns.Split(strings.TrimSpace(l), -1)
 		if len(cells) != len(names) {
 			t.Fatalf("row %q has %d cells for %d columns:\n%s", l, len(cells), len(names), out)
@@ -156,7 +159,8 @@ func TestStatusPrintsEachFigureOfEachPrincipal(t *testing.T) {
 	rows := statusRows(t, out)
 	for principal, want := range map[string]map[string]string{
 		"helper@@helper:example.org": {"EVENTS": "21", "PENDING": "6", "VISIBLE": "21", "QUEUED": "1", "ATTEMPTED": "2",
-			"ACKNOWLEDGED": "3", "FAILED": "4", "RETIRED": "5", "OWED DEPARTURES": "2", "SYNC TOKEN AGE": "1m30s"},
+			"ACKNOWLEDGED": "3", "FAILED": "4", "RETIRED": "5", "OWED DEPARTURES": "2", "AWAITING KEYS": "0",
+			"UNDECRYPTABLE": "0", "SYNC TOKEN AGE": "1m30s"},
 		"quiet@@quiet:example.org": {"EVENTS": "0", "PENDING": "0", "VISIBLE": "0", "QUEUED": "0", "ATTEMPTED": "0",
 			"ACKNOWLEDGED": "0", "FAILED": "0", "RETIRED": "0", "OWED DEPARTURES": "0", "SYNC TOKEN AGE": "none"},
 	} {
