@@ -350,14 +350,18 @@ func (d *daemon) stop() error {
 	for _, m := range d.machines {
 		m.Close()
 	}
-	var cerr error
+	var err error
+	if d.store != nil {
+		// The writer's own fault comes back here as it ended the run: one
+		// error, so the caller can tell it is the same and say it once.
+		err = d.store.Close()
+	}
 	if d.crypto != nil {
-		cerr = d.crypto.Close()
+		if cerr := d.crypto.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
 	}
-	if d.store == nil {
-		return cerr
-	}
-	return errors.Join(d.store.Close(), cerr)
+	return err
 }
 
 // keyNoticeAfter is principal.Deps.KeyNoticeAfter: 0, telling nothing,
