@@ -74,7 +74,14 @@ type CrossSignStatus struct {
 // no retry helps, the operator must fix the file. No error and no record
 // holds the password or the recovery key.
 func (m *Machine) CrossSign(ctx context.Context, o CrossSignOptions) (CrossSignStatus, error) {
-	m.crossSign = &o
+	m.op.Lock()
+	defer m.op.Unlock()
+	return m.crossSign(ctx, o)
+}
+
+// crossSign is CrossSign, under m.op.
+func (m *Machine) crossSign(ctx context.Context, o CrossSignOptions) (CrossSignStatus, error) {
+	m.signWith = &o
 	if o.RecoveryKeyFile == "" {
 		return CrossSignStatus{}, errors.New("cross-signing: no recovery key file is configured")
 	}

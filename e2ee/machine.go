@@ -50,9 +50,15 @@ type Machine struct {
 	// session takes its device's keys with it, so they are published
 	// (and the device signed) again. crossSign is how CrossSign was last
 	// asked to sign.
-	client    *matrix.Client
-	session   uint64
-	crossSign *CrossSignOptions
+	client   *matrix.Client
+	session  uint64
+	signWith *CrossSignOptions
+
+	// op runs one operation on the olm machine at a time: the sync loop,
+	// the outbox's sends, the hydrator and the keys loop all reach it, and
+	// mautrix's machine keeps caches (its cross-signing keys among them)
+	// that it does not guard itself.
+	op sync.Mutex
 
 	mu sync.Mutex
 	// received are the megolm sessions stored since the principal last
@@ -184,10 +190,10 @@ func (m *Machine) afterRelogin(ctx context.Context) error {
 		return err
 	}
 	m.session = now
-	if m.crossSign == nil {
+	if m.signWith == nil {
 		return nil
 	}
-	st, err := m.CrossSign(ctx, *m.crossSign)
+	st, err := m.crossSign(ctx, *m.signWith)
 	if err != nil {
 		return err
 	}
@@ -229,6 +235,8 @@ func (m *Machine) TakeReceived() []journal.KeyWait {
 // the batch commits brings the same response again; olm's replay check
 // makes its to-device messages harmless the second time.
 func (m *Machine) ProcessSync(ctx context.Context, since string, b *matrix.SyncBatch) error {
+	m.op.Lock()
+	defer m.op.Unlock()
 	if err := m.afterRelogin(ctx); err != nil {
 		return err
 	}
@@ -302,6 +310,8 @@ var encryptedType = []byte(`"m.room.encrypted"`)
 // and skip. An event already awaiting its key (in.AwaitingSession set) is
 // one tried again: it comes back unchanged while the key is missing.
 func (m *Machine) Decrypt(ctx context.Context, in journal.Inbound) journal.Inbound {
+	m.op.Lock()
+	defer m.op.Unlock()
 	out, outcome := m.decrypt(ctx, in)
 	if outcome != "" && m.observe != nil {
 		m.observe(outcome)
@@ -313,6 +323,8 @@ func (m *Machine) Decrypt(ctx context.Context, in journal.Inbound) journal.Inbou
 // otherwise, counting nothing: the reconciler reads the agent's own sends
 // with it.
 func (m *Machine) Open(ctx context.Context, room string, raw json.RawMessage) json.RawMessage {
+	m.op.Lock()
+	defer m.op.Unlock()
 	out, _ := m.decrypt(ctx, journal.Inbound{RoomID: room, Provenance: journal.History, Event: raw})
 	return out.Event
 }
@@ -408,6 +420,8 @@ func cleartext(outer json.RawMessage, inner *event.Event) (json.RawMessage, erro
 // account's other devices for the keys events wait on. It is best-effort:
 // a key that comes unasked resolves the events all the same.
 func (m *Machine) RequestKeys(ctx context.Context) {
+	m.op.Lock()
+	defer m.op.Unlock()
 	m.mu.Lock()
 	wanted := make(map[journal.KeyWait]keyRequest, len(m.wanted))
 	for w, r := range m.wanted {
@@ -432,6 +446,8 @@ func (m *Machine) RequestKeys(ctx context.Context) {
 // that keeps it from encrypting is an error: plaintext never goes into an
 // encrypted room.
 func (m *Machine) Seal(ctx context.Context, room, eventType string, content json.RawMessage) (string, json.RawMessage, error) {
+	m.op.Lock()
+	defer m.op.Unlock()
 	rid := id.RoomID(room)
 	encrypted, err := m.encrypted(ctx, rid)
 	if err != nil {
