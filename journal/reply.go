@@ -59,6 +59,24 @@ func RelateReply(content []byte, source string, thread *string, format ReplyForm
 			c["m.relates_to"] = map[string]any{"m.in_reply_to": reply}
 		}
 	}
+	return formatContent(c, format)
+}
+
+// FormatContent returns content, a JSON object, with its body formatted
+// as RelateReply formats an answer's, and no relation added: a message the
+// agent posts on its own.
+func FormatContent(content []byte, format ReplyFormat) ([]byte, error) {
+	v, err := decodeJSON(content)
+	c, ok := v.(map[string]any)
+	if err != nil || !ok {
+		return nil, fmt.Errorf("%w: message content must be a JSON object", ErrInvalidArgument)
+	}
+	return formatContent(c, format)
+}
+
+// formatContent encodes c, adding its markdown rendering when format asks
+// for it and the rendering fits.
+func formatContent(c map[string]any, format ReplyFormat) ([]byte, error) {
 	plain, err := encodeCanonical(c)
 	if err != nil || format != ReplyMarkdown {
 		return plain, err
