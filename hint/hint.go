@@ -40,6 +40,11 @@ type Subscription struct {
 	bus       *Bus
 	principal string
 	c         chan struct{}
+	// rooms, for a subscription that asked for them, gathers the rooms of
+	// the hints published since the last Rooms; guarded by the bus's lock.
+	rooms map[string]struct{}
+	// lost is set when hints may have been lost: any room may have changed.
+	lost bool
 }
 
 // Subscribe registers interest in one principal's hints ("" for all).
@@ -54,6 +59,17 @@ func (b *Bus) Subscribe(principal string) *Subscription {
 	return s
 }
 
+// SubscribeRooms is Subscribe that also gathers the rooms the matching
+// hints name, for a subscriber that re-reads only the rooms that changed.
+// The set holds each room once, so it is bounded by the principal's rooms.
+func (b *Bus) SubscribeRooms(principal string) *Subscription {
+	s := b.Subscribe(principal)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.rooms = make(map[string]struct{})
+	return s
+}
+
 // Publish wakes every subscription a hint matches. It never blocks: a
 // subscription already holding an unread wake-up absorbs the new one.
 func (b *Bus) Publish(hints []Hint) {
@@ -61,12 +77,18 @@ func (b *Bus) Publish(hints []Hint) {
 	defer b.mu.Unlock()
 	for s := range b.subs {
 		for _, h := range hints {
-			if s.principal == "" || s.principal == h.Principal {
-				select {
-				case s.c <- struct{}{}:
-				default:
-				}
+			if s.principal != "" && s.principal != h.Principal {
+				continue
+			}
+			select {
+			case s.c <- struct{}{}:
+			default:
+			}
+			if s.rooms == nil {
 				break
+			}
+			if h.Room != "" {
+				s.rooms[h.Room] = struct{}{}
 			}
 		}
 	}
@@ -83,11 +105,32 @@ func (b *Bus) WakeAll() {
 		case s.c <- struct{}{}:
 		default:
 		}
+		if s.rooms != nil {
+			s.lost = true
+		}
 	}
 }
 
 // C is signalled after a commit that may concern the subscriber.
 func (s *Subscription) C() <-chan struct{} { return s.c }
+
+// Rooms takes the rooms gathered since the last call, in no order; nil
+// for a subscription made by Subscribe. all is true when hints may have
+// been lost since (WakeAll): any room may have changed.
+func (s *Subscription) Rooms() (rooms []string, all bool) {
+	s.bus.mu.Lock()
+	defer s.bus.mu.Unlock()
+	all, s.lost = s.lost, false
+	if len(s.rooms) == 0 {
+		return nil, all
+	}
+	rooms = make([]string, 0, len(s.rooms))
+	for r := range s.rooms {
+		rooms = append(rooms, r)
+		delete(s.rooms, r)
+	}
+	return rooms, all
+}
 
 // Close removes the subscription.
 func (s *Subscription) Close() {

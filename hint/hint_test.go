@@ -1,6 +1,7 @@
 package hint_test
 
 import (
+	"sort"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/hint"
@@ -67,5 +68,33 @@ func TestForRoomsIsOneHintPerRoomAtItsNewestPosition(t *testing.T) {
 		if h.Principal != "a@@a:x" || want[h.Room] != h.Position {
 			t.Fatalf("hint %+v", h)
 		}
+	}
+}
+
+func TestARoomSubscriptionGathersEachChangedRoomOnce(t *testing.T) {
+	var b hint.Bus
+	s := b.SubscribeRooms("a")
+	defer s.Close()
+	b.Publish([]hint.Hint{{Principal: "a", Room: "!x"}, {Principal: "b", Room: "!other"}})
+	b.Publish([]hint.Hint{{Principal: "a", Room: "!x"}, {Principal: "a", Room: "!y"}, {Principal: "a"}})
+	<-s.C()
+	rooms, all := s.Rooms()
+	sort.Strings(rooms)
+	if all || len(rooms) != 2 || rooms[0] != "!x" || rooms[1] != "!y" {
+		t.Fatalf("rooms = %v, all = %v; want [!x !y], false", rooms, all)
+	}
+	if rooms, all := s.Rooms(); rooms != nil || all {
+		t.Fatalf("a second take = %v, %v; want nothing", rooms, all)
+	}
+	b.WakeAll()
+	<-s.C()
+	if _, all := s.Rooms(); !all {
+		t.Fatal("after WakeAll the subscription must say every room may have changed")
+	}
+	plain := b.Subscribe("a")
+	defer plain.Close()
+	b.Publish([]hint.Hint{{Principal: "a", Room: "!x"}})
+	if rooms, _ := plain.Rooms(); rooms != nil {
+		t.Fatalf("a plain subscription gathered %v", rooms)
 	}
 }

@@ -369,6 +369,21 @@ func (o DepartureOutcome) String() string {
 	return "outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
+// RoomActivity is what the journal knows of one of a principal's rooms.
+type RoomActivity struct {
+	RoomID string
+	// Epoch is the current membership epoch; Departed is true while the
+	// principal is out of the room.
+	Epoch    int64
+	Departed bool
+	// NewestTS is the server timestamp of the newest visible message of
+	// the room's main timeline (thread roots included, replies within
+	// threads not), 0 when it shows none.
+	NewestTS int64
+	// Pending counts the room's events still owed their turn.
+	Pending int64
+}
+
 // Membership is the fence view of one principal.
 type Membership interface {
 	// FenceDeparture applies a departure observation.
@@ -379,6 +394,12 @@ type Membership interface {
 	// RoomEpoch returns the room's current epoch and whether the principal
 	// is out of the room.
 	RoomEpoch(ctx context.Context, roomID string) (epoch int64, departed bool, err error)
+	// Joined reports whether the journal records the principal in the
+	// room: a room it never recorded, or one it left, is not joined.
+	Joined(ctx context.Context, roomID string) (bool, error)
+	// Rooms lists what the journal knows of each room the principal was
+	// ever in, ordered by room ID.
+	Rooms(ctx context.Context) ([]RoomActivity, error)
 	// RoomsOwingDepartureReports lists rooms with owed echoes.
 	RoomsOwingDepartureReports(ctx context.Context) ([]string, error)
 	// RetireOwedDepartureReports forgets the owed echoes of rooms.

@@ -162,6 +162,41 @@ func RoomEpoch(ctx context.Context, r Reader, p Principal, room string) (int64, 
 	return epoch, departed, nil
 }
 
+// Joined reports whether the journal has p in room: it recorded the room
+// and p has not left it since.
+func Joined(ctx context.Context, r Reader, p Principal, room string) (bool, error) {
+	var (
+		epoch    int64
+		departed bool
+	)
+	err := r.QueryRow(ctx, SelectMembership, p.ID, room).Scan(&epoch, &departed)
+	if r.NoRows(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read membership: %w", err)
+	}
+	return !departed, nil
+}
+
+// Rooms lists what the journal knows of each of p's rooms.
+func Rooms(ctx context.Context, r Reader, p Principal) ([]journal.RoomActivity, error) {
+	rows, err := r.Query(ctx, SelectRoomActivity, p.ID)
+	if err != nil {
+		return nil, fmt.Errorf("read rooms: %w", err)
+	}
+	defer rows.Close()
+	var out []journal.RoomActivity
+	for rows.Next() {
+		var a journal.RoomActivity
+		if err := rows.Scan(&a.RoomID, &a.Epoch, &a.Departed, &a.NewestTS, &a.Pending); err != nil {
+			return nil, fmt.Errorf("read rooms: %w", err)
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
 // RoomsOwingDepartureReports lists p's rooms with owed echoes.
 func RoomsOwingDepartureReports(ctx context.Context, r Reader, p Principal) ([]string, error) {
 	rows, err := r.Query(ctx, SelectOwedRooms, p.ID)

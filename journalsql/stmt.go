@@ -68,6 +68,7 @@ const (
 	DeleteOwedReport     // (id)
 	DeleteExpiredOwed    // (principal, room, before ms)
 	SelectOwedRooms      // (principal) → room_id
+	SelectRoomActivity   // (principal) → room_id, epoch, departed, newest room-level created_ts (0 for none), pending count
 	DeleteOwedRoom       // (principal, room)
 	FenceVisible         // (principal, room)
 	FenceHeldEdits       // (principal, room)

@@ -12,6 +12,12 @@ const (
 	deleteOwedReport  = `DELETE FROM owed_departure_reports WHERE id = $1`
 	deleteExpiredOwed = `DELETE FROM owed_departure_reports WHERE principal = $1 AND room_id = $2 AND owed_ms < $3`
 	selectOwedRooms   = `SELECT DISTINCT room_id FROM owed_departure_reports WHERE principal = $1 ORDER BY room_id`
+	// The newest message is the main timeline's, read off the page index;
+	// pending events are counted off the pending index.
+	selectRoomActivity = `SELECT r.room_id, r.epoch, r.departed,
+		COALESCE((SELECT MAX(v.created_ts) FROM visible_messages v WHERE v.room = r.id AND v.thread_id = ''), 0),
+		(SELECT COUNT(*) FROM journal_events e WHERE e.principal = r.principal AND e.state = 0 AND e.room_id = r.room_id)
+		FROM rooms r WHERE r.principal = $1 ORDER BY r.room_id`
 	deleteOwedRoom    = `DELETE FROM owed_departure_reports WHERE principal = $1 AND room_id = $2`
 
 	// The fence removes what was derived from the ended membership: the

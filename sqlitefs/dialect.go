@@ -64,6 +64,7 @@ var statements = [journalsql.NumStmts]string{
 	journalsql.DeleteOwedReport:     deleteOwedReport,
 	journalsql.DeleteExpiredOwed:    deleteExpiredOwed,
 	journalsql.SelectOwedRooms:      selectOwedRooms,
+	journalsql.SelectRoomActivity:   selectRoomActivity,
 	journalsql.DeleteOwedRoom:       deleteOwedRoom,
 	journalsql.FenceVisible:         fenceVisible,
 	journalsql.FenceHeldEdits:       fenceHeldEdits,

@@ -13,6 +13,12 @@ const (
 	deleteOwedReport  = `DELETE FROM owed_departure_reports WHERE id = ?`
 	deleteExpiredOwed = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ? AND owed_ms < ?`
 	selectOwedRooms   = `SELECT DISTINCT room_id FROM owed_departure_reports WHERE principal = ? ORDER BY room_id`
+	// The newest message is the main timeline's, read off the page index;
+	// pending events are counted off the pending index.
+	selectRoomActivity = `SELECT r.room_id, r.epoch, r.departed,
+		COALESCE((SELECT MAX(v.created_ts) FROM visible_messages v WHERE v.room = r.id AND v.thread_id = ''), 0),
+		(SELECT COUNT(*) FROM journal_events e WHERE e.principal = r.principal AND e.state = 0 AND e.room_id = r.room_id)
+		FROM rooms r WHERE r.principal = ? ORDER BY r.room_id`
 	deleteOwedRoom    = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ?`
 	// The merged rows are found through the page index, the unmerged tail
 	// by its seq range; the delete trigger takes their index entries.

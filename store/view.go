@@ -322,6 +322,16 @@ func (v *View) RoomEpoch(ctx context.Context, roomID string) (int64, bool, error
 	return journalsql.RoomEpoch(ctx, v.r, v.p, roomID)
 }
 
+// Joined implements journal.Membership.
+func (v *View) Joined(ctx context.Context, roomID string) (bool, error) {
+	return journalsql.Joined(ctx, v.r, v.p, roomID)
+}
+
+// Rooms implements journal.Membership.
+func (v *View) Rooms(ctx context.Context) ([]journal.RoomActivity, error) {
+	return journalsql.Rooms(ctx, v.r, v.p)
+}
+
 // RoomsOwingDepartureReports implements journal.Membership.
 func (v *View) RoomsOwingDepartureReports(ctx context.Context) ([]string, error) {
 	return journalsql.RoomsOwingDepartureReports(ctx, v.r, v.p)
