@@ -17,6 +17,14 @@
 //	POST /v1/agents/{agent}/events/{event_id}/ignore  settle an event unanswered
 //	POST /v1/agents/{agent}/rooms/{room_id}/leave     leave a room
 //	GET  /v1/agents/{agent}/rooms/{room_id}/export    a whole conversation, oldest first (jsonl, markdown)
+//	POST /v1/agents/{agent}/rooms/{room_id}/send      post a message under an idempotency key
+//	POST /v1/agents/{agent}/events/{event_id}/react   react to an event, once per key
+//	DELETE /v1/agents/{agent}/events/{event_id}/react withdraw that reaction, once
+//	PUT  /v1/agents/{agent}/rooms/{room_id}/typing    show or stop showing typing
+//	GET  /v1/agents/{agent}/rooms                     the joined rooms
+//	GET  /v1/agents/{agent}/rooms/{room_id}/members   a room's joined members
+//	GET  /v1/agents/{agent}/media/{server}/{media_id} a file a message carries
+//	GET  /v1/agents/{agent}/changes                   rooms whose conversation changed, as server-sent events
 package api
 
 import (
@@ -78,6 +86,10 @@ type Agent struct {
 	// Leave asks the agent's principal to leave a room (fence first, then
 	// the homeserver). Nil refuses leave requests.
 	Leave func(ctx context.Context, roomID string) error
+	// Homeserver, signed in as the agent's account, serves what is asked
+	// of the homeserver directly: typing, room and member lists, files.
+	// Nil answers those routes 501.
+	Homeserver Homeserver
 }
 
 // reader is what the agent's conversation pages are read through.
@@ -111,6 +123,9 @@ type Deps struct {
 	Heartbeat time.Duration
 	// ExportPage is the page size of an export (default DefaultExportPage).
 	ExportPage int
+	// MaxMedia caps a file downloaded or uploaded through the API, in
+	// bytes (default DefaultMaxMedia).
+	MaxMedia int64
 }
 
 type server struct {
@@ -126,6 +141,7 @@ type server struct {
 	writeTimeout time.Duration
 	heartbeat    time.Duration
 	exportPage   int
+	maxMedia     int64
 }
 
 // New returns the API's handler.
@@ -136,6 +152,10 @@ func New(deps Deps) http.Handler {
 		cursors:    journal.CursorCodec{Key: deps.CursorKey},
 		heartbeat:  deps.Heartbeat,
 		exportPage: deps.ExportPage,
+		maxMedia:   deps.MaxMedia,
+	}
+	if s.maxMedia <= 0 {
+		s.maxMedia = DefaultMaxMedia
 	}
 	s.replies = make(map[string]*sync.Mutex, len(s.agents))
 	for name := range s.agents {
@@ -174,6 +194,14 @@ func New(deps Deps) http.Handler {
 	mux.HandleFunc("POST /v1/agents/{agent}/events/{event_id}/ignore", s.authed(s.ignore))
 	mux.HandleFunc("POST /v1/agents/{agent}/rooms/{room_id}/leave", s.authed(s.leave))
 	mux.HandleFunc("GET /v1/agents/{agent}/rooms/{room_id}/export", s.authed(s.export))
+	mux.HandleFunc("POST /v1/agents/{agent}/rooms/{room_id}/send", s.authed(s.send))
+	mux.HandleFunc("POST /v1/agents/{agent}/events/{event_id}/react", s.authed(s.react))
+	mux.HandleFunc("DELETE /v1/agents/{agent}/events/{event_id}/react", s.authed(s.unreact))
+	mux.HandleFunc("PUT /v1/agents/{agent}/rooms/{room_id}/typing", s.authed(s.typing))
+	mux.HandleFunc("GET /v1/agents/{agent}/rooms", s.authed(s.rooms))
+	mux.HandleFunc("GET /v1/agents/{agent}/rooms/{room_id}/members", s.authed(s.members))
+	mux.HandleFunc("GET /v1/agents/{agent}/media/{server}/{media_id}", s.authed(s.media))
+	mux.HandleFunc("GET /v1/agents/{agent}/changes", s.authed(s.changes))
 	// The mux's own 404 and 405 are plain text; every answer of this API is
 	// JSON, so they are caught and spelled as JSON.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -14,6 +14,18 @@ type message struct {
 	Sender    string          `json:"sender"`
 	CreatedTS int64           `json:"created_ts"`
 	Content   json.RawMessage `json:"content"`
+	// Attachment is the file the message carries, if any: fetch it
+	// through the media route.
+	Attachment *attachment `json:"attachment,omitempty"`
+}
+
+// attachment is a file a message carries.
+type attachment struct {
+	Msgtype string `json:"msgtype"`
+	// URL is the file's mxc:// URI; mxc://{server}/{media_id} is served
+	// at media/{server}/{media_id}.
+	URL  string          `json:"url"`
+	Info json.RawMessage `json:"info,omitempty"`
 }
 
 type messagesResponse struct {
@@ -25,7 +37,11 @@ type messagesResponse struct {
 }
 
 func toMessage(m journal.Message) message {
-	return message{EventID: m.EventID, Sender: m.Sender, CreatedTS: m.CreatedTS, Content: m.Content}
+	msg := message{EventID: m.EventID, Sender: m.Sender, CreatedTS: m.CreatedTS, Content: m.Content}
+	if msgtype, url, info, ok := journal.MessageAttachment(m.Content); ok {
+		msg.Attachment = &attachment{Msgtype: msgtype, URL: url, Info: info}
+	}
+	return msg
 }
 
 // messages serves one page of a conversation, oldest message first. The

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"reflect"
 
@@ -26,12 +25,7 @@ type replyRequest struct {
 }
 
 // format is how the reply's body is sent.
-func (r replyRequest) format() journal.ReplyFormat {
-	if r.Format == "plain" {
-		return journal.ReplyPlain
-	}
-	return journal.ReplyMarkdown
-}
+func (r replyRequest) format() journal.ReplyFormat { return replyFormat(r.Format) }
 
 type replyResponse struct {
 	DeliveryID string `json:"delivery_id"`
@@ -53,11 +47,26 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		writeError(w, http.StatusBadRequest, codeBadRequest, "event_id is not an event ID")
 		return
 	}
-	req, ok := decodeReply(w, r)
-	if !ok {
+	var (
+		req  replyRequest
+		file *upload
+		ok   bool
+	)
+	if multipartRequest(r) {
+		if file, ok = s.readAttachment(w, r, a, &req); !ok {
+			return
+		}
+		defer file.remove()
+	} else if ok = decodeBody(w, r, &req); !ok {
 		return
 	}
-	answer, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": req.Body})
+	if !checkReply(w, req, file) {
+		return
+	}
+	answer, err := textContent("m.text", req.Body)
+	if file != nil {
+		answer, err = attachmentContent(file, "", req.Body)
+	}
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
@@ -74,7 +83,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		return
 	}
 	if answered {
-		s.replayReply(w, r, name, a, rec, eventID, answer, req)
+		s.replayReply(w, r, name, a, rec, eventID, answer, req, file != nil)
 		return
 	}
 
@@ -90,6 +99,19 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 	if !e.Pending {
 		writeError(w, http.StatusConflict, codeConflict, "the event is no longer pending and was not answered by a reply")
 		return
+	}
+	if file != nil {
+		// Uploaded before the answer is recorded: a crash in between
+		// leaves an orphan file on the homeserver, never a second message.
+		url, err := s.uploadFile(ctx, a, file)
+		if err != nil {
+			s.failUpstream(w, r, name, err)
+			return
+		}
+		if answer, err = attachmentContent(file, url, req.Body); err != nil {
+			s.fail(w, r, name, err)
+			return
+		}
 	}
 	content, err := journal.RelateReply(answer, eventID, e.Thread, req.format())
 	if err != nil {
@@ -124,7 +146,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 // replayReply answers a reply to an event whose answer is recorded: the
 // same answer again is the recorded delivery; any other is a conflict.
 func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string, a Agent,
-	rec journal.TurnRecord, eventID string, answer json.RawMessage, req replyRequest) {
+	rec journal.TurnRecord, eventID string, answer json.RawMessage, req replyRequest, attachment bool) {
 	if req.Placeholder {
 		writeError(w, http.StatusConflict, codeConflict, "the event is already answered")
 		return
@@ -140,6 +162,9 @@ func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string
 		return
 	}
 	same, err := sameJSON(rec.Record, content)
+	if attachment && err == nil {
+		same, err = sameButURL(rec.Record, content)
+	}
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
@@ -153,48 +178,40 @@ func (s *server) replayReply(w http.ResponseWriter, r *http.Request, name string
 		TxnID: journal.TxnID(a.Store.Principal(), id, journal.StageFinal), Outcome: "replayed"})
 }
 
-// decodeReply reads one JSON reply request of at most MaxReplyBytes.
-func decodeReply(w http.ResponseWriter, r *http.Request) (replyRequest, bool) {
-	var req replyRequest
-	body := http.MaxBytesReader(w, r.Body, MaxReplyBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
-	if err == nil {
-		// Only white space may follow the object. Reading on to the end
-		// also refuses an oversized body whose object closed early.
-		var syntax *json.SyntaxError
-		switch _, terr := dec.Token(); {
-		case errors.Is(terr, io.EOF):
-		case terr == nil, errors.As(terr, &syntax):
-			err = errors.New("trailing data after the JSON object")
-		default:
-			err = terr
-		}
-	}
+// decodeBody reads one JSON request object of at most MaxReplyBytes into
+// v; on false the answer is written.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxReplyBytes), v)
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, "the request body is larger than 64 KiB")
-		return req, false
+		return false
 	case err != nil:
 		writeError(w, http.StatusBadRequest, codeBadRequest, "the request body must be one JSON object: "+err.Error())
-		return req, false
-	case req.Body == "":
+		return false
+	}
+	return true
+}
+
+// checkReply refuses a reply request that cannot be sent; file is the
+// attachment it carries, if any, whose body is then an optional caption.
+func checkReply(w http.ResponseWriter, req replyRequest, file *upload) bool {
+	switch {
+	case req.Body == "" && file == nil:
 		writeError(w, http.StatusBadRequest, codeBadRequest, "body is required")
-		return req, false
-	}
-	switch req.Format {
-	case "", "plain", "markdown":
-	default:
+		return false
+	case !validFormat(req.Format):
 		writeError(w, http.StatusBadRequest, codeBadRequest, "format must be plain or markdown")
-		return req, false
-	}
-	if req.RoomID != "" && !journal.ValidRoomID(req.RoomID) {
+		return false
+	case req.RoomID != "" && !journal.ValidRoomID(req.RoomID):
 		writeError(w, http.StatusBadRequest, codeBadRequest, "room_id is not a room ID")
-		return req, false
+		return false
+	case file != nil && req.Placeholder:
+		writeError(w, http.StatusBadRequest, codeBadRequest, "a placeholder carries no file")
+		return false
 	}
-	return req, true
+	return true
 }
 
 func enqueueOutcome(o journal.EnqueueOutcome) string {

@@ -134,7 +134,7 @@ func newSecFixture(t *testing.T) *secFixture {
 	for name, v := range map[string]journal.PrincipalStore{"alpha": fx.alpha, "beta": fx.beta} {
 		fx.reads[name] = &readLog{ConversationReader: v}
 		agents[name] = api.Agent{Store: v, Conversation: fx.reads[name], Token: name + "-token-" + strings.Repeat("k", 24),
-			Hints: st.Hints(), Leave: fx.leaves.leave(name)}
+			Hints: st.Hints(), Leave: fx.leaves.leave(name), Homeserver: newFakeHomeserver()}
 	}
 	fx.srv = httptest.NewServer(api.New(api.Deps{Agents: agents, Log: zerolog.Nop(),
 		CursorKey: []byte("security test cursor key"), Heartbeat: time.Hour}))
@@ -246,6 +246,8 @@ type securityProbe struct {
 	body string
 	// ok is the status of the authorized call.
 	ok int
+	// query, when set, follows the path.
+	query string
 }
 
 // securityMatrix holds every route api.New serves, by its pattern. A route
@@ -260,6 +262,17 @@ var securityMatrix = map[string]securityProbe{
 	"POST /v1/agents/{agent}/events/{event_id}/ignore": {event: "$a2", ok: http.StatusOK},
 	"POST /v1/agents/{agent}/rooms/{room_id}/leave":    {room: secAlphaRoom, ok: http.StatusOK},
 	"GET /v1/agents/{agent}/rooms/{room_id}/export":    {room: secAlphaRoom, ok: http.StatusOK},
+	"POST /v1/agents/{agent}/rooms/{room_id}/send": {room: secAlphaRoom, body: `{"body":"a note","key":"k1"}`,
+		ok: http.StatusOK},
+	"POST /v1/agents/{agent}/events/{event_id}/react": {event: "$a3", body: `{"key":"👍"}`, ok: http.StatusOK},
+	// Sorted before the POST, it finds no reaction to withdraw.
+	"DELETE /v1/agents/{agent}/events/{event_id}/react": {event: "$a3", query: "?key=%F0%9F%91%8D",
+		ok: http.StatusNotFound},
+	"PUT /v1/agents/{agent}/rooms/{room_id}/typing":    {room: secAlphaRoom, body: `{"typing":true}`, ok: http.StatusOK},
+	"GET /v1/agents/{agent}/rooms":                     {ok: http.StatusOK},
+	"GET /v1/agents/{agent}/rooms/{room_id}/members":   {room: secAlphaRoom, ok: http.StatusOK},
+	"GET /v1/agents/{agent}/media/{server}/{media_id}": {ok: http.StatusOK},
+	"GET /v1/agents/{agent}/changes":                   {ok: http.StatusOK},
 }
 
 // servedRoutes reads the patterns api.New registers from its source, with
@@ -309,8 +322,8 @@ func routePath(t *testing.T, pattern, agent string, p securityProbe) (method, pa
 		t.Fatalf("route %q has no method", pattern)
 	}
 	r := strings.NewReplacer("{agent}", url.PathEscape(agent), "{room_id}", url.PathEscape(p.room),
-		"{event_id}", url.PathEscape(p.event))
-	path = r.Replace(path)
+		"{event_id}", url.PathEscape(p.event), "{server}", fakeMediaServer, "{media_id}", fakeMediaID)
+	path = r.Replace(path) + p.query
 	if strings.ContainsAny(path, "{}") {
 		t.Fatalf("route %q has a wildcard the security matrix cannot fill", pattern)
 	}
