@@ -20,14 +20,31 @@ func NewSender(c *Client) *Sender { return &Sender{c: c} }
 // Session counts the client's re-logins (the outbox's Sessions port).
 func (s *Sender) Session() uint64 { return s.c.Session() }
 
+// typeRedaction is the event type of a delivery that redacts an event.
+const typeRedaction = "m.room.redaction"
+
 // Send puts the delivery's wire content into its room under its frozen
 // transaction ID, then fetches the event to learn the server's timestamp,
 // which orders the reply's projection. A failed fetch still acknowledges
 // the send, with ServerTS zero: the sync echo carries the timestamp.
+//
+// An m.room.redaction delivery redacts the event its content's "redacts"
+// names, with its optional "reason", through the redact endpoint under
+// the delivery's transaction ID: rooms before version 11 want the target
+// at the event's top level, which a plain send cannot put there. It is
+// never sealed: every server in the room must read a redaction to apply
+// it. A content naming no valid event is refused as a 400: no retry can
+// mend it.
 func (s *Sender) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
-	eventID, err := s.c.Send(ctx, d.RoomID, d.EventType, d.TxnID, content)
+	var eventID string
+	var err error
+	if d.EventType == typeRedaction {
+		eventID, err = s.redact(ctx, d, content)
+	} else if eventID, err = s.c.Send(ctx, d.RoomID, d.EventType, d.TxnID, content); err != nil {
+		err = sendError(err)
+	}
 	if err != nil {
-		return journal.Sent{}, sendError(err)
+		return journal.Sent{}, err
 	}
 	sent := journal.Sent{EventID: eventID}
 	if !journal.ValidEventID(eventID) {
@@ -48,6 +65,37 @@ func (s *Sender) Send(ctx context.Context, d journal.Delivery, content json.RawM
 	}
 	sent.ServerTS = e.TS
 	return sent, nil
+}
+
+// redact sends a redaction delivery; its error is the outbox's.
+func (s *Sender) redact(ctx context.Context, d journal.Delivery, content json.RawMessage) (string, error) {
+	target, reason, err := readRedaction(content)
+	if err != nil {
+		return "", &journal.SendError{Status: 400, Err: fmt.Errorf("redaction %s: %w", d.DeliveryID, err)}
+	}
+	eventID, err := s.c.RedactWithReason(ctx, d.RoomID, target, d.TxnID, reason)
+	if err != nil {
+		return "", sendError(err)
+	}
+	return eventID, nil
+}
+
+// readRedaction reads what a redaction's content redacts and why.
+func readRedaction(content json.RawMessage) (target, reason string, err error) {
+	var c struct {
+		Redacts json.RawMessage `json:"redacts"`
+		Reason  json.RawMessage `json:"reason"`
+	}
+	if err := json.Unmarshal(content, &c); err != nil {
+		return "", "", fmt.Errorf("content: %w", err)
+	}
+	if json.Unmarshal(c.Redacts, &target) != nil || !journal.ValidEventID(target) {
+		return "", "", errors.New("content names no valid event ID to redact")
+	}
+	if len(c.Reason) > 0 && string(c.Reason) != "null" && json.Unmarshal(c.Reason, &reason) != nil {
+		return "", "", errors.New("the reason is not a string")
+	}
+	return target, reason, nil
 }
 
 // fetchSent fetches an event just sent, once. Dendrite answers a send

@@ -133,14 +133,28 @@ func (c *Client) Send(ctx context.Context, room, eventType, txnID string, conten
 // Redact redacts eventID in room under txnID and returns the redaction's
 // event ID. Redacting an event twice changes nothing further.
 func (c *Client) Redact(ctx context.Context, room, eventID, txnID string) (redactionID string, err error) {
+	return c.RedactWithReason(ctx, room, eventID, txnID, "")
+}
+
+// RedactWithReason is Redact giving reason ("" for none) in the
+// redaction's content. The server deduplicates a repeated txnID as it does
+// a send's. A redaction is never sealed: every server in the room must
+// read it to apply it, so encrypted rooms carry it in the clear.
+func (c *Client) RedactWithReason(ctx context.Context, room, eventID, txnID, reason string) (redactionID string, err error) {
 	if txnID == "" {
 		return "", errors.New("redact: a transaction ID is required")
+	}
+	body := json.RawMessage(`{}`)
+	if reason != "" {
+		if body, err = json.Marshal(map[string]string{"reason": reason}); err != nil {
+			return "", fmt.Errorf("redact %s: %w", eventID, err)
+		}
 	}
 	var resp struct {
 		EventID string `json:"event_id"`
 	}
 	url := c.mx.BuildClientURL("v3", "rooms", room, "redact", eventID, txnID)
-	if err := c.do(ctx, http.MethodPut, url, json.RawMessage(`{}`), &resp); err != nil {
+	if err := c.do(ctx, http.MethodPut, url, body, &resp); err != nil {
 		return "", fmt.Errorf("redact %s: %w", eventID, err)
 	}
 	return resp.EventID, nil
