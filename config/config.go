@@ -43,6 +43,28 @@ const (
 	// the room is told.
 	DefaultKeyNoticeAfter = time.Minute
 	DefaultListen         = "127.0.0.1:8787"
+	// DefaultMediaMaxBytes caps a file the agent API downloads or uploads.
+	DefaultMediaMaxBytes = 20 << 20
+	// MaxMediaMaxBytes bounds media_max_bytes: a file is spooled to disk
+	// or held whole while it passes through.
+	MaxMediaMaxBytes = 1 << 30
+	// DefaultReadReceipts is when an agent marks a room read.
+	DefaultReadReceipts = ReceiptsOnSettle
+)
+
+// ReadReceipts says when an agent sends a read receipt for a room.
+type ReadReceipts string
+
+// The read receipt modes.
+const (
+	// ReceiptsOff sends none.
+	ReceiptsOff ReadReceipts = "off"
+	// ReceiptsOnSettle marks an event read once it settled: answered,
+	// ignored or dropped.
+	ReceiptsOnSettle ReadReceipts = "settle"
+	// ReceiptsOnAnswer marks an event read once an answer to it was
+	// enqueued.
+	ReceiptsOnAnswer ReadReceipts = "answer"
 )
 
 // MaxContextMessages bounds context_messages: the history of one request is
@@ -168,6 +190,9 @@ type Config struct {
 	// notice goes out (keys often come a moment after their message).
 	// Default 1m.
 	KeyNoticeAfter time.Duration `yaml:"key_notice_after"`
+	// MediaMaxBytes caps a file downloaded or uploaded through the agent
+	// API, and an attachment a back-end sends. Default 20 MiB.
+	MediaMaxBytes int64 `yaml:"media_max_bytes"`
 	// Listen is the HTTP API's host:port. Default 127.0.0.1:8787. Any
 	// address that is not loopback requires every agent's api_token_file.
 	Listen string `yaml:"listen"`
@@ -195,6 +220,13 @@ type Agent struct {
 	RecoveryKeyFile string `yaml:"recovery_key_file"`
 	// AutoJoin accepts room invites.
 	AutoJoin bool `yaml:"auto_join"`
+	// ReadReceipts is when the agent marks a room read: off, settle (an
+	// event answered, ignored or dropped) or answer (an event answered).
+	// Default settle.
+	ReadReceipts ReadReceipts `yaml:"read_receipts"`
+	// Typing shows the agent typing while a built-in back-end's turn runs.
+	// Default true.
+	Typing *bool `yaml:"typing"`
 	// Backend answers the agent's turns.
 	Backend Backend `yaml:"backend"`
 
@@ -268,6 +300,9 @@ type OpenAI struct {
 	ContextMessages int `yaml:"context_messages"`
 	// Stream asks for a streamed answer.
 	Stream bool `yaml:"stream"`
+	// Vision sends the images of the conversation to the model, for
+	// models that take image input.
+	Vision bool `yaml:"vision"`
 
 	// APIKey is the content of APIKeyFile.
 	APIKey Secret `yaml:"-"`
@@ -390,6 +425,19 @@ func (c *Config) applyDefaults() {
 	if c.KeyNoticeAfter == 0 {
 		c.KeyNoticeAfter = DefaultKeyNoticeAfter
 	}
+	if c.MediaMaxBytes == 0 {
+		c.MediaMaxBytes = DefaultMediaMaxBytes
+	}
+	for i := range c.Agents {
+		a := &c.Agents[i]
+		if a.ReadReceipts == "" {
+			a.ReadReceipts = DefaultReadReceipts
+		}
+		if a.Typing == nil {
+			on := true
+			a.Typing = &on
+		}
+	}
 }
 
 // validate judges the configuration as it is; it changes nothing.
@@ -402,6 +450,9 @@ func (c *Config) validate() error {
 	}
 	if c.KeyNoticeAfter < 0 {
 		return &Error{Field: "key_notice_after", Err: errors.New("must not be negative")}
+	}
+	if c.MediaMaxBytes < 1 || c.MediaMaxBytes > MaxMediaMaxBytes {
+		return fieldErr("media_max_bytes", "must be from 1 to %d", MaxMediaMaxBytes)
 	}
 	loopback, err := checkListen(c.Listen)
 	if err != nil {
@@ -437,6 +488,11 @@ func (c *Config) validate() error {
 		// without a token it refuses every request.
 		if a.Backend.Type == BackendHTTP && a.APITokenFile == "" {
 			return fieldErr(field+".api_token_file", "required for backend type %q", BackendHTTP)
+		}
+		switch a.ReadReceipts {
+		case ReceiptsOff, ReceiptsOnSettle, ReceiptsOnAnswer:
+		default:
+			return fieldErr(field+".read_receipts", "must be off, settle or answer, not %q", a.ReadReceipts)
 		}
 		if err := a.Backend.validate(field + ".backend"); err != nil {
 			return err
@@ -503,6 +559,8 @@ func firstOpenAIKey(o OpenAI) string {
 		return "system_prompt"
 	case o.ContextMessages != 0:
 		return "context_messages"
+	case o.Vision:
+		return "vision"
 	default:
 		return "stream"
 	}

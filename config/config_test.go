@@ -126,6 +126,12 @@ agents:
 	if got, want := cfg.Listen, config.DefaultListen; got != want {
 		t.Errorf("Listen=%q, want %q", got, want)
 	}
+	if got, want := cfg.MediaMaxBytes, int64(config.DefaultMediaMaxBytes); got != want {
+		t.Errorf("MediaMaxBytes=%d, want %d", got, want)
+	}
+	if a := cfg.Agents[0]; a.ReadReceipts != config.ReceiptsOnSettle || a.Typing == nil || !*a.Typing {
+		t.Errorf("read_receipts=%q typing=%v, want settle and true", a.ReadReceipts, a.Typing)
+	}
 }
 
 func TestTheEnvironmentWinsOverTheFile(t *testing.T) {
@@ -326,6 +332,10 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"TimeoutOnHTTP", head + pw + "    api_token_file: secrets/api-token\n    backend: {type: http, timeout: 5s}\n", "agents[0].backend.timeout", `only for type "exec"`},
 		{"ModelOnExec", head + pw + "    backend: {type: exec, command: [x], model: m}\n", "agents[0].backend.model", `only for type "openai"`},
 		{"StreamOnEcho", head + pw + "    backend: {type: echo, stream: true}\n", "agents[0].backend.stream", `only for type "openai"`},
+		{"VisionOnEcho", head + pw + "    backend: {type: echo, vision: true}\n", "agents[0].backend.vision", `only for type "openai"`},
+		{"ReadReceiptsUnknown", head + pw + "    read_receipts: always\n" + echo, "agents[0].read_receipts", `must be off, settle or answer, not "always"`},
+		{"MediaCapNegative", "media_max_bytes: -1\n" + head + pw + echo, "media_max_bytes", "must be from 1 to"},
+		{"MediaCapHuge", "media_max_bytes: 2147483648\n" + head + pw + echo, "media_max_bytes", "must be from 1 to"},
 		{"OpenAINoBaseURL", head + pw + "    backend: {type: openai, model: m}\n", "agents[0].backend.base_url", "required"},
 		{"OpenAIBadBaseURL", head + pw + "    backend: {type: openai, base_url: api.example.org, model: m}\n", "agents[0].backend.base_url", "is not an http(s) URL"},
 		{"OpenAINoModel", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\"}\n", "agents[0].backend.model", "required"},
