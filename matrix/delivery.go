@@ -20,9 +20,6 @@ func NewSender(c *Client) *Sender { return &Sender{c: c} }
 // Session counts the client's re-logins (the outbox's Sessions port).
 func (s *Sender) Session() uint64 { return s.c.Session() }
 
-// typeRedaction is the event type of a delivery that redacts an event.
-const typeRedaction = "m.room.redaction"
-
 // Send puts the delivery's wire content into its room under its frozen
 // transaction ID, then fetches the event to learn the server's timestamp,
 // which orders the reply's projection. A failed fetch still acknowledges
@@ -38,7 +35,7 @@ const typeRedaction = "m.room.redaction"
 func (s *Sender) Send(ctx context.Context, d journal.Delivery, content json.RawMessage) (journal.Sent, error) {
 	var eventID string
 	var err error
-	if d.EventType == typeRedaction {
+	if d.EventType == journal.TypeRedaction {
 		eventID, err = s.redact(ctx, d, content)
 	} else if eventID, err = s.c.Send(ctx, d.RoomID, d.EventType, d.TxnID, content); err != nil {
 		err = sendError(err)
