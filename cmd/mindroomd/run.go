@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -29,6 +30,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/metrics"
+	"github.com/mindroomd/mindroomd/receipts"
 	"github.com/mindroomd/mindroomd/store"
 )
 
@@ -53,6 +55,12 @@ type daemon struct {
 	crypto    *e2ee.Store
 	machines  []*e2ee.Machine
 	pickleKey []byte
+	// background runs each agent's read receipts until the principals
+	// have stopped.
+	background     sync.WaitGroup
+	bg             context.Context
+	stopBackground context.CancelFunc
+	mediaMax       int64
 }
 
 // runDaemon runs the agents cfgPath configures until ctx ends or a fault
@@ -68,7 +76,9 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 			return err
 		}
 	}
-	d := &daemon{log: log, faults: make(chan error, len(cfg.Agents)+2), apiAgents: make(map[string]api.Agent)}
+	d := &daemon{log: log, faults: make(chan error, len(cfg.Agents)+2), apiAgents: make(map[string]api.Agent),
+		mediaMax: cfg.MediaMaxBytes}
+	d.bg, d.stopBackground = context.WithCancel(context.Background())
 	defer func() {
 		// Close reports the writer's fault again; run already ends with it.
 		if serr := d.stop(); serr != nil && !errors.Is(err, serr) {
@@ -190,7 +200,7 @@ func placeholderOf(answer agent.Agent) json.RawMessage {
 
 // startAgent signs one agent in and starts its principal.
 func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer agent.Agent) error {
-	view, err := d.store.Principal(ctx, a.Name, a.UserID)
+	plain, err := d.store.Principal(ctx, a.Name, a.UserID)
 	if err != nil {
 		return err
 	}
@@ -201,13 +211,18 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	if err != nil {
 		return err
 	}
-	machine, err := d.crypto.Machine(ctx, e2ee.Options{Account: view.Principal().String(), Client: client,
+	machine, err := d.crypto.Machine(ctx, e2ee.Options{Account: plain.Principal().String(), Client: client,
 		PickleKey: d.pickleKey, Log: log, Observe: d.metrics.Decryption(a.Name)})
 	if err != nil {
 		return err
 	}
 	d.machines = append(d.machines, machine)
 	client.SetEncrypter(machine)
+	// Everything that settles the agent's events, its turns and the agent
+	// API alike, goes through the view that marks rooms read.
+	marks := receipts.New(receipts.Deps{Sender: client, Mode: receiptMode(a), Log: log.With().Str("component", "receipts").Logger()})
+	view := receipts.Wrap(plain, marks)
+	d.background.Go(func() { marks.Run(d.bg) })
 	if err := crossSign(ctx, cfg.Storage, a, machine, log); err != nil {
 		return err
 	}
@@ -232,7 +247,7 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	}))
 	d.actors = append(d.actors, pid)
 	d.apiAgents[a.Name] = api.Agent{Store: view, Conversation: conversation, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
-		Leave: func(ctx context.Context, room string) error {
+		Homeserver: homeserver{client}, Leave: func(ctx context.Context, room string) error {
 			res, err := d.system.Root.RequestFuture(pid, &principal.Leave{RoomID: room}, leaveTimeout).Result()
 			if err != nil {
 				return err
@@ -301,7 +316,8 @@ func (d *daemon) serve(listen string) (string, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metricsAccess(l.Addr(), d.metrics.Handler()))
-	mux.Handle("/", api.New(api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger()}))
+	mux.Handle("/", api.New(api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger(),
+		MaxMedia: d.mediaMax}))
 	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := d.server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -346,6 +362,10 @@ func (d *daemon) stop() error {
 		if err := d.system.Root.StopFuture(d.actors[i]).Wait(); err != nil {
 			d.log.Warn().Err(err).Msg("Stopping an agent's actor failed")
 		}
+	}
+	if d.stopBackground != nil {
+		d.stopBackground()
+		d.background.Wait()
 	}
 	for _, m := range d.machines {
 		m.Close()

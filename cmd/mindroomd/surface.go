@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/mindroomd/mindroomd/api"
+	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/matrix"
+	"github.com/mindroomd/mindroomd/receipts"
+)
+
+// homeserver is the agent API's view of an agent's Matrix client
+// (api.Homeserver): the client's answers in the API's terms, with the
+// homeserver's refusals kept apart from the network's failures.
+type homeserver struct{ c *matrix.Client }
+
+// Typing implements api.Homeserver.
+func (h homeserver) Typing(ctx context.Context, room string, typing bool, timeout time.Duration) error {
+	return upstream(h.c.Typing(ctx, room, typing, timeout))
+}
+
+// JoinedRooms implements api.Homeserver.
+func (h homeserver) JoinedRooms(ctx context.Context) ([]string, error) {
+	rooms, err := h.c.JoinedRooms(ctx)
+	return rooms, upstream(err)
+}
+
+// RoomSummary implements api.Homeserver.
+func (h homeserver) RoomSummary(ctx context.Context, room string) (api.RoomSummary, error) {
+	s, err := h.c.RoomSummary(ctx, room)
+	return api.RoomSummary{Name: s.Name, Topic: s.Topic, Encrypted: s.Encrypted, Members: s.Members}, upstream(err)
+}
+
+// JoinedMembers implements api.Homeserver.
+func (h homeserver) JoinedMembers(ctx context.Context, room string) ([]api.Member, error) {
+	ms, err := h.c.JoinedMembers(ctx, room)
+	if err != nil {
+		return nil, upstream(err)
+	}
+	out := make([]api.Member, len(ms))
+	for i, m := range ms {
+		out[i] = api.Member{UserID: m.UserID, DisplayName: m.DisplayName, AvatarURL: m.AvatarURL}
+	}
+	return out, nil
+}
+
+// Download implements api.Homeserver.
+func (h homeserver) Download(ctx context.Context, server, mediaID string, maxBytes int64) (*api.Media, error) {
+	m, err := h.c.Download(ctx, server, mediaID, maxBytes)
+	if err != nil {
+		return nil, upstream(err)
+	}
+	return &api.Media{Body: mediaBody{m.Body}, ContentType: m.ContentType, Length: m.Length, Filename: m.Filename}, nil
+}
+
+// Upload implements api.Homeserver.
+func (h homeserver) Upload(ctx context.Context, contentType, filename string, body io.Reader, size int64) (string, error) {
+	url, err := h.c.Upload(ctx, contentType, filename, body, size)
+	return url, upstream(err)
+}
+
+// mediaBody is a download's body whose cap is the API's error.
+type mediaBody struct{ io.ReadCloser }
+
+func (b mediaBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	return n, upstream(err)
+}
+
+// upstream spells the client's errors as the API's.
+func upstream(err error) error {
+	var he *matrix.HTTPError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, matrix.ErrMediaTooLarge):
+		return errors.Join(api.ErrMediaTooLarge, err)
+	case errors.Is(err, matrix.ErrBadMediaID):
+		return errors.Join(api.ErrBadMediaID, err)
+	case errors.As(err, &he):
+		return &api.UpstreamError{Status: he.Status, ErrCode: he.ErrCode, Err: err}
+	}
+	return err
+}
+
+// receiptMode is the receipts mode an agent's configuration asks for.
+func receiptMode(a config.Agent) receipts.Mode {
+	switch a.ReadReceipts {
+	case config.ReceiptsOnAnswer:
+		return receipts.OnAnswer
+	case config.ReceiptsOff:
+		return receipts.Off
+	}
+	return receipts.OnSettle
+}
