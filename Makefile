@@ -167,4 +167,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzLeave$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadParams$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamLastEventID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzSend$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzReact$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzTyping$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
 	$(GO) test -run '^$$' -fuzz '^FuzzExecReply$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./agent/

@@ -54,7 +54,8 @@ type fuzzAPI struct {
 	empty chan struct{}
 	left  chan string
 	// n numbers the inputs of this process, so each admits fresh events.
-	n int
+	n  int
+	hs *fakeHomeserver
 }
 
 func newFuzzAPI(tb testing.TB) *fuzzAPI {
@@ -64,11 +65,12 @@ func newFuzzAPI(tb testing.TB) *fuzzAPI {
 	if err != nil {
 		tb.Fatalf("principal: %v", err)
 	}
-	fx := &fuzzAPI{alpha: alpha, empty: make(chan struct{}, 1), left: make(chan string, 1)}
+	fx := &fuzzAPI{alpha: alpha, empty: make(chan struct{}, 1), left: make(chan string, 1), hs: newFakeHomeserver()}
 	fx.handler = api.New(api.Deps{
 		Agents: map[string]api.Agent{
 			"alpha": {Store: &readSignal{PrincipalStore: alpha, empty: fx.empty}, Token: alphaToken, Hints: st.Hints(),
-				Leave: func(_ context.Context, roomID string) error { fx.left <- roomID; return nil }},
+				Leave:      func(_ context.Context, roomID string) error { fx.left <- roomID; return nil },
+				Homeserver: fx.hs},
 		},
 		Log:       zerolog.Nop(),
 		CursorKey: []byte("fuzz cursor key"),
