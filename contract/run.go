@@ -24,6 +24,7 @@ func Run(t *testing.T, f Factory) {
 		{"BadInput", TestBadInput},
 		{"Hydration", TestHydration},
 		{"AwaitingKeys", TestAwaitingKeys},
+		{"RoomList", TestRoomList},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) { a.run(t, f) })
