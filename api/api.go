@@ -33,6 +33,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"hash/fnv"
 	"net/http"
 	"strings"
 	"sync"
@@ -130,10 +131,12 @@ type Deps struct {
 
 type server struct {
 	agents map[string]Agent
-	// replies serializes each agent's replies: the check for an earlier
-	// answer and the enqueue of this one must not interleave with another
-	// reply's, or two different answers could both be taken.
-	replies map[string]*sync.Mutex
+	// deliveries serializes what one agent asks of one delivery: the check
+	// for an earlier request and the enqueue of this one must not
+	// interleave with another's, or two different answers (or two messages
+	// under one key) could both be taken. Striped by the delivery's name,
+	// so requests for different deliveries commit together.
+	deliveries map[string]*deliveryLocks
 	log     zerolog.Logger
 	cursors journal.CursorCodec
 	// streams holds each agent's open pending streams, up to its cap.
@@ -157,9 +160,9 @@ func New(deps Deps) http.Handler {
 	if s.maxMedia <= 0 {
 		s.maxMedia = DefaultMaxMedia
 	}
-	s.replies = make(map[string]*sync.Mutex, len(s.agents))
+	s.deliveries = make(map[string]*deliveryLocks, len(s.agents))
 	for name := range s.agents {
-		s.replies[name] = new(sync.Mutex)
+		s.deliveries[name] = new(deliveryLocks)
 	}
 	if len(s.cursors.Key) == 0 {
 		s.cursors.Key = make([]byte, 32)
@@ -221,6 +224,19 @@ func New(deps Deps) http.Handler {
 		}
 		writeError(w, http.StatusNotFound, codeNotFound, "no such route")
 	})
+}
+
+// deliveryLocks are one agent's delivery locks, by stripe.
+type deliveryLocks [64]sync.Mutex
+
+// lock takes agent's lock of the delivery (or event) named id and returns
+// its release.
+func (s *server) lock(agent, id string) func() {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	mu := &s.deliveries[agent][h.Sum32()%uint32(len(deliveryLocks{}))]
+	mu.Lock()
+	return mu.Unlock
 }
 
 // statusRecorder keeps the status and headers of the mux's own answers.

@@ -73,9 +73,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 	}
 	st := a.Store
 	id := journal.ReplyDeliveryID(eventID)
-	mu := s.replies[name]
-	mu.Lock()
-	defer mu.Unlock()
+	defer s.lock(name, eventID)()
 
 	rec, answered, err := st.TurnForEvent(ctx, eventID)
 	if err != nil {

@@ -127,15 +127,12 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, name string, a Age
 		return journal.SendRequest(room, key, content, thread, req.ReplyTo, replyFormat(req.Format))
 	}
 	st := a.Store
-	mu := s.replies[name]
-	mu.Lock()
-	defer mu.Unlock()
-
 	enq, err := build("")
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
 	}
+	defer s.lock(name, enq.DeliveryID)()
 	if d, err := st.Delivery(ctx, enq.DeliveryID, journal.StageFinal); err == nil {
 		s.replaySend(w, r, name, st.Principal(), d, enq.Content, file != nil)
 		return

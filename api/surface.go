@@ -120,9 +120,8 @@ func (s *server) react(w http.ResponseWriter, r *http.Request, name string, a Ag
 	if !ok {
 		return
 	}
-	mu := s.replies[name]
-	mu.Lock()
-	defer mu.Unlock()
+	// One lock for every generation of the event's reactions.
+	defer s.lock(name, eventID)()
 	at, err := findReaction(r.Context(), a.Store, eventID, key)
 	switch {
 	case errors.Is(err, errTooManyGenerations):
@@ -153,9 +152,8 @@ func (s *server) unreact(w http.ResponseWriter, r *http.Request, name string, a 
 	}
 	ctx := r.Context()
 	st := a.Store
-	mu := s.replies[name]
-	mu.Lock()
-	defer mu.Unlock()
+	// One lock for every generation of the event's reactions.
+	defer s.lock(name, eventID)()
 	at, err := findReaction(ctx, st, eventID, key)
 	switch {
 	case errors.Is(err, errTooManyGenerations):
