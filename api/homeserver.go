@@ -60,6 +60,9 @@ var (
 	ErrMediaTooLarge = errors.New("media larger than the cap")
 	// ErrBadMediaID refuses a server name or media ID that is not one.
 	ErrBadMediaID = errors.New("not a media ID")
+	// ErrBadFile refuses an encrypted file that does not decrypt to what
+	// its message says: its hash differs.
+	ErrBadFile = errors.New("the file does not match its message's hash")
 )
 
 // UpstreamError is the homeserver's refusal of a request: its HTTP status
@@ -89,6 +92,9 @@ func (s *server) failUpstream(w http.ResponseWriter, r *http.Request, agent stri
 	switch {
 	case errors.Is(err, ErrMediaTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, codeTooLarge, "the file is larger than the media cap")
+	case errors.Is(err, ErrBadFile):
+		s.log.Warn().Err(err).Str("agent", agent).Str("path", r.URL.Path).Msg("An encrypted file failed its hash")
+		writeError(w, http.StatusBadGateway, codeUpstream, "the file does not match its message: its hash differs")
 	case errors.Is(err, ErrBadMediaID):
 		writeError(w, http.StatusBadRequest, codeBadRequest, "server and media ID must name a Matrix media item")
 	case r.Context().Err() != nil:

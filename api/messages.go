@@ -26,6 +26,13 @@ type attachment struct {
 	// at media/{server}/{media_id}.
 	URL  string          `json:"url"`
 	Info json.RawMessage `json:"info,omitempty"`
+	// Encrypted is true for a file of an encrypted room, which the
+	// homeserver holds encrypted.
+	Encrypted bool `json:"encrypted,omitempty"`
+	// Path fetches the file in the clear, relative to the agent's routes
+	// (/v1/agents/{agent}/): for an encrypted file it carries the file's
+	// key, so the API can decrypt it.
+	Path string `json:"path"`
 }
 
 type messagesResponse struct {
@@ -40,6 +47,7 @@ func toMessage(m journal.Message) message {
 	msg := message{EventID: m.EventID, Sender: m.Sender, CreatedTS: m.CreatedTS, Content: m.Content}
 	if msgtype, url, info, ok := journal.MessageAttachment(m.Content); ok {
 		msg.Attachment = &attachment{Msgtype: msgtype, URL: url, Info: info}
+		msg.Attachment.Path, msg.Attachment.Encrypted = mediaPath(m.Content, url, info)
 	}
 	return msg
 }

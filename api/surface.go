@@ -348,6 +348,11 @@ func (s *server) members(w http.ResponseWriter, r *http.Request, name string, a 
 // capped. A file of unknown length is read whole (within the cap) before
 // the answer starts, so a file past the cap is refused, never cut short.
 func (s *server) media(w http.ResponseWriter, r *http.Request, name string, a Agent) {
+	key, ctype, err := fileKey(r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+		return
+	}
 	if !s.hasHomeserver(w, a) {
 		return
 	}
@@ -363,7 +368,7 @@ func (s *server) media(w http.ResponseWriter, r *http.Request, name string, a Ag
 	}
 	var body io.Reader = io.LimitReader(m.Body, s.maxMedia)
 	length := m.Length
-	if length < 0 {
+	if length < 0 || key != nil {
 		buf, err := io.ReadAll(io.LimitReader(m.Body, s.maxMedia+1))
 		switch {
 		case errors.Is(err, ErrMediaTooLarge), err == nil && int64(len(buf)) > s.maxMedia:
@@ -373,10 +378,22 @@ func (s *server) media(w http.ResponseWriter, r *http.Request, name string, a Ag
 			s.failUpstream(w, r, name, err)
 			return
 		}
+		if key != nil {
+			// Decrypted whole: the hash is checked before a byte goes out,
+			// so a file altered on the homeserver is refused, never served.
+			if err := key.DecryptInPlace(buf); err != nil {
+				s.failUpstream(w, r, name, errors.Join(ErrBadFile, err))
+				return
+			}
+			m.ContentType = ctype
+			if m.ContentType == "" {
+				m.ContentType = http.DetectContentType(buf)
+			}
+		}
 		body, length = bytes.NewReader(buf), int64(len(buf))
 	}
 	h := w.Header()
-	ctype := m.ContentType
+	ctype = m.ContentType
 	if ctype == "" {
 		ctype = "application/octet-stream"
 	}

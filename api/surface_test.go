@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"mime/multipart"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	mxattachment "maunium.net/go/mautrix/crypto/attachment"
 
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/journal"
@@ -40,6 +43,8 @@ type fakeHomeserver struct {
 	uploads [][]byte
 	// unknownLength serves the file without a length.
 	unknownLength bool
+	// files are more files by media ID.
+	files map[string][]byte
 }
 
 func newFakeHomeserver() *fakeHomeserver { return &fakeHomeserver{} }
@@ -64,6 +69,10 @@ func (h *fakeHomeserver) JoinedMembers(context.Context, string) ([]api.Member, e
 }
 
 func (h *fakeHomeserver) Download(_ context.Context, server, mediaID string, _ int64) (*api.Media, error) {
+	if b, ok := h.files[mediaID]; ok && server == fakeMediaServer {
+		return &api.Media{Body: io.NopCloser(bytes.NewReader(b)), ContentType: "application/octet-stream",
+			Length: int64(len(b))}, nil
+	}
 	if server != fakeMediaServer || mediaID != fakeMediaID {
 		return nil, &api.UpstreamError{Status: http.StatusNotFound, ErrCode: "M_NOT_FOUND", Err: errors.New("no such media")}
 	}
@@ -397,4 +406,56 @@ func TestTheChangesStreamNamesEachRoomACommitTouched(t *testing.T) {
 			return
 		}
 	}
+}
+
+func TestAnEncryptedRoomsFileIsServedDecryptedAndATamperedOneRefused(t *testing.T) {
+	fx, hs := surfaceFixture(t, nil)
+	ef := mxattachment.NewEncryptedFile()
+	cipher := ef.Encrypt(fakeMediaBytes)
+	tampered := bytes.Clone(cipher)
+	tampered[0] ^= 1
+	hs.files = map[string][]byte{"sealed": cipher, "altered": tampered}
+	file := func(id string) map[string]any {
+		var f map[string]any
+		b, _ := json.Marshal(ef)
+		_ = json.Unmarshal(b, &f)
+		f["url"] = "mxc://" + fakeMediaServer + "/" + id
+		return f
+	}
+	img := func(evID, id string) mx.Ev {
+		return mx.Message(evID, alice, 1000, "").With("content", map[string]any{"msgtype": "m.image", "body": "pic.png",
+			"file": file(id), "info": map[string]any{"mimetype": "image/png", "size": len(fakeMediaBytes)}})
+	}
+	fx.admit(t, room, img("$sealed", "sealed"), img("$altered", "altered"))
+	status, b := fx.do(t, http.MethodGet, "/v1/agents/alpha/rooms/"+room+"/messages", alphaToken, nil)
+	if status != http.StatusOK {
+		t.Fatalf("page: %d %s", status, b)
+	}
+	page := decode[struct {
+		Messages []struct {
+			EventID    string `json:"event_id"`
+			Attachment *struct {
+				URL       string `json:"url"`
+				Encrypted bool   `json:"encrypted"`
+				Path      string `json:"path"`
+			} `json:"attachment"`
+		} `json:"messages"`
+	}](t, b)
+	paths := map[string]string{}
+	for _, m := range page.Messages {
+		if m.Attachment == nil || !m.Attachment.Encrypted || !strings.HasPrefix(m.Attachment.Path, "media/"+fakeMediaServer+"/") {
+			t.Fatalf("the page shows %s's file as %+v", m.EventID, m.Attachment)
+		}
+		paths[m.EventID] = m.Attachment.Path
+	}
+	resp := fx.send(t, http.MethodGet, "/v1/agents/alpha/"+paths["$sealed"], alphaToken, nil, nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, fakeMediaBytes) || resp.Header.Get("Content-Type") != "image/png" {
+		t.Fatalf("the sealed file: %d %q %q, want the clear bytes as image/png", resp.StatusCode, resp.Header.Get("Content-Type"), got)
+	}
+	status, b = fx.do(t, http.MethodGet, "/v1/agents/alpha/"+paths["$altered"], alphaToken, nil)
+	wantError(t, status, b, http.StatusBadGateway, "homeserver_error")
+	status, b = fx.do(t, http.MethodGet, "/v1/agents/alpha/media/"+fakeMediaServer+"/sealed?file=bm90IGEga2V5", alphaToken, nil)
+	wantError(t, status, b, http.StatusBadRequest, "bad_request")
 }
