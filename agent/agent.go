@@ -8,6 +8,8 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -38,17 +40,70 @@ type Turn struct {
 	// marked in progress. It is best-effort (a failed edit is logged and
 	// dropped) and leaves no trace in the journal: only the Reply is
 	// delivered, through the outbox, and replaces whatever progress showed.
-	// Each call is one request to the homeserver and the agent waits for
-	// it, so an agent calls it at most about once a second. Calls must not
-	// overlap, and none may come after Answer returned.
+	// A call only hands over the newest text and returns at once: the
+	// principal sends it when the homeserver's rate limit allows, one edit
+	// at a time, and texts that arrive meanwhile are coalesced to the
+	// newest. So an agent may call it as often as it likes (calls may
+	// overlap), though an edit a second is all a reader can follow. Calls
+	// made after Answer returned are dropped.
 	Progress func(ctx context.Context, text string)
 }
 
-// Reply is the agent's answer to a turn.
+// ErrInvalidReply reports a Reply that is not exactly one answer.
+var ErrInvalidReply = errors.New("invalid reply")
+
+// Reply is the agent's answer to a turn: exactly one of Ignore, React,
+// Content and Attachment.
 type Reply struct {
 	// Ignore settles the event without answering it.
 	Ignore bool
+	// React answers the event with a reaction of this key (an emoji)
+	// instead of a message (journal.ValidReactionKey).
+	React string
 	// Content is the answer's event content (m.room.message), without any
 	// relation: the reply relation to the event, or its thread, is added.
 	Content json.RawMessage
+	// Attachment answers with a file: the principal uploads it and sends
+	// it as a message, with its caption if it has one.
+	Attachment *File
+}
+
+// File is a local file an agent answers with.
+type File struct {
+	// Path is the file's path, absolute or relative to the daemon's
+	// working directory. The daemon reads it as itself: an agent may send
+	// any file the daemon can read.
+	Path string
+	// Name is the file's name as the room shows it; "" is Path's base
+	// name.
+	Name string
+	// MimeType is the file's media type; "" has it sniffed from the
+	// content (http.DetectContentType).
+	MimeType string
+	// Caption, when set, is the message's text, shown with the file.
+	Caption string
+}
+
+// Validate reports a reply that is not exactly one answer, or whose
+// reaction key or file is not one the principal can send, as
+// ErrInvalidReply.
+func (r Reply) Validate() error {
+	n := 0
+	for _, set := range []bool{r.Ignore, r.React != "", r.Content != nil, r.Attachment != nil} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case n == 0:
+		return fmt.Errorf("%w: no answer (ignore, a reaction, content or an attachment)", ErrInvalidReply)
+	case n > 1:
+		return fmt.Errorf("%w: more than one of ignore, a reaction, content and an attachment", ErrInvalidReply)
+	case r.React != "" && !journal.ValidReactionKey(r.React):
+		return fmt.Errorf("%w: a reaction key must be 1 to %d bytes of text without control characters or surrounding spaces",
+			ErrInvalidReply, journal.MaxReactionKeyBytes)
+	case r.Attachment != nil && r.Attachment.Path == "":
+		return fmt.Errorf("%w: an attachment without a path", ErrInvalidReply)
+	}
+	return nil
 }

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -58,7 +60,10 @@ var (
 
 // Exec answers each turn by running a command: the request goes to its
 // stdin as one JSON object, the reply comes back on its stdout as one JSON
-// object. Any failure (a non-zero exit, a timeout, output that is not a
+// object: {"body": "text"}, {"ignore": true}, {"react": "👍"} or
+// {"attachment": {"path": "out.png", "name": ..., "mimetype": ...,
+// "caption": ...}}, a relative path being the command's working
+// directory's (the daemon's). Any failure (a non-zero exit, a timeout, output that is not a
 // reply) is an error, so the event stays pending and is offered again after
 // a backoff.
 //
@@ -226,11 +231,20 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (Reply, error
 	if err != nil {
 		return Reply{}, withStderr(err, stderr)
 	}
+	if f := reply.Attachment; f != nil && !filepath.IsAbs(f.Path) {
+		// Relative to the command's working directory, which is the
+		// daemon's: resolved here, where that is what the command meant,
+		// so the reply names its file whoever reads it.
+		if f.Path, err = filepath.Abs(f.Path); err != nil {
+			return Reply{}, fmt.Errorf("%w: attachment path: %w", ErrExecReply, err)
+		}
+	}
 	if held {
 		e.Log.Warn().Str("event_id", eventID).Dur("waited", execWaitDelay).
 			Msg("A process the exec agent started outside its process group still holds its output; the reply is taken as it was")
 	}
 	e.Log.Debug().Str("event_id", eventID).Dur("took", took).Bool("ignore", reply.Ignore).
+		Str("react", reply.React).Bool("attachment", reply.Attachment != nil).
 		Str("stderr", stderr.String()).Msg("Exec agent answered")
 	return reply, nil
 }
@@ -332,8 +346,20 @@ func (p *execIO) drain(delay time.Duration) (ended bool) {
 // jsonSpace is the whitespace JSON allows around a value.
 const jsonSpace = " \t\r\n"
 
-// parseReply accepts exactly one JSON object on stdout, holding either a
-// non-empty text "body" or "ignore": true, and nothing else.
+// Exec reply keys: exactly one of them makes a reply.
+const (
+	execBody       = "body"
+	execIgnore     = "ignore"
+	execReact      = "react"
+	execAttachment = "attachment"
+)
+
+// execAttachmentKeys are the keys an attachment object may hold.
+var execAttachmentKeys = []string{"path", "name", "mimetype", "caption"}
+
+// parseReply accepts exactly one JSON object on stdout, holding exactly one
+// of a non-empty text "body", "ignore": true, a "react" key or an
+// "attachment" object, and nothing else.
 func parseReply(out []byte) (Reply, error) {
 	// JSON's own whitespace only: bytes.TrimSpace would also drop a
 	// vertical tab or a no-break space, taking output that is not JSON.
@@ -348,33 +374,95 @@ func parseReply(out []byte) (Reply, error) {
 	if err := json.Unmarshal(trimmed, &obj); err != nil {
 		return Reply{}, fmt.Errorf("%w: %w", ErrExecReply, err)
 	}
+	var present []string
 	for k := range obj {
-		if k != "body" && k != "ignore" {
+		switch k {
+		case execBody, execIgnore, execReact, execAttachment:
+			present = append(present, k)
+		default:
 			return Reply{}, fmt.Errorf("%w: unknown key %q", ErrExecReply, k)
 		}
 	}
-	rawBody, hasBody := obj["body"]
-	rawIgnore, hasIgnore := obj["ignore"]
-	switch {
-	case hasBody && hasIgnore:
-		return Reply{}, fmt.Errorf("%w: both body and ignore", ErrExecReply)
-	case hasIgnore:
-		if string(rawIgnore) != "true" {
-			return Reply{}, fmt.Errorf("%w: ignore is %s, not true", ErrExecReply, rawIgnore)
+	switch len(present) {
+	case 0:
+		return Reply{}, fmt.Errorf("%w: none of body, ignore, react and attachment", ErrExecReply)
+	case 1:
+	default:
+		slices.Sort(present)
+		return Reply{}, fmt.Errorf("%w: more than one of body, ignore, react and attachment (%s)", ErrExecReply,
+			strings.Join(present, ", "))
+	}
+	raw := obj[present[0]]
+	switch present[0] {
+	case execIgnore:
+		if string(raw) != "true" {
+			return Reply{}, fmt.Errorf("%w: ignore is %s, not true", ErrExecReply, raw)
 		}
 		return Reply{Ignore: true}, nil
-	case hasBody:
-		var body string
-		if err := json.Unmarshal(rawBody, &body); err != nil {
-			return Reply{}, fmt.Errorf("%w: body is not a string", ErrExecReply)
+	case execReact:
+		var key string
+		if err := json.Unmarshal(raw, &key); err != nil {
+			return Reply{}, fmt.Errorf("%w: react is not a string", ErrExecReply)
 		}
-		if body == "" {
-			return Reply{}, fmt.Errorf("%w: empty body", ErrExecReply)
+		if !journal.ValidReactionKey(key) {
+			return Reply{}, fmt.Errorf("%w: react must be 1 to %d bytes of text, without control characters or "+
+				"surrounding spaces", ErrExecReply, journal.MaxReactionKeyBytes)
 		}
-		content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": body})
-		return Reply{Content: content}, err
+		return Reply{React: key}, nil
+	case execAttachment:
+		f, err := parseAttachment(raw)
+		if err != nil {
+			return Reply{}, err
+		}
+		return Reply{Attachment: f}, nil
 	}
-	return Reply{}, fmt.Errorf("%w: neither body nor ignore", ErrExecReply)
+	var body string
+	if err := json.Unmarshal(raw, &body); err != nil {
+		return Reply{}, fmt.Errorf("%w: body is not a string", ErrExecReply)
+	}
+	if body == "" {
+		return Reply{}, fmt.Errorf("%w: empty body", ErrExecReply)
+	}
+	content, err := json.Marshal(map[string]string{"msgtype": "m.text", "body": body})
+	return Reply{Content: content}, err
+}
+
+// parseAttachment reads an attachment object: a non-empty "path", and
+// optionally "name", "mimetype" (a media type) and "caption", each a
+// string.
+func parseAttachment(raw json.RawMessage) (*File, error) {
+	if b := bytes.Trim(raw, jsonSpace); len(b) == 0 || b[0] != '{' {
+		return nil, fmt.Errorf("%w: attachment is not a JSON object", ErrExecReply)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, fmt.Errorf("%w: attachment: %w", ErrExecReply, err)
+	}
+	fields := make(map[string]string, len(obj))
+	for k, v := range obj {
+		if !slices.Contains(execAttachmentKeys, k) {
+			return nil, fmt.Errorf("%w: unknown attachment key %q", ErrExecReply, k)
+		}
+		// A null would decode as "" and pass for an absent key.
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil || v[0] != '"' {
+			return nil, fmt.Errorf("%w: attachment %s is not a string", ErrExecReply, k)
+		}
+		fields[k] = s
+	}
+	f := &File{Path: fields["path"], Name: fields["name"], MimeType: fields["mimetype"], Caption: fields["caption"]}
+	switch {
+	case f.Path == "":
+		return nil, fmt.Errorf("%w: attachment without a path", ErrExecReply)
+	case strings.ContainsRune(f.Path, 0):
+		return nil, fmt.Errorf("%w: attachment path holds a NUL byte", ErrExecReply)
+	}
+	if f.MimeType != "" {
+		if _, _, err := mime.ParseMediaType(f.MimeType); err != nil {
+			return nil, fmt.Errorf("%w: attachment mimetype %q is not a media type", ErrExecReply, f.MimeType)
+		}
+	}
+	return f, nil
 }
 
 // withStderr appends the end of the command's stderr, where an agent says

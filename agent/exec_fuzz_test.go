@@ -4,13 +4,18 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"mime"
+	"strings"
 	"testing"
+
+	"github.com/mindroomd/mindroomd/journal"
 )
 
 // FuzzExecReply feeds arbitrary stdout to the exec agent's reply parser. It
-// never panics; output that is not exactly one JSON object holding a
-// non-empty text "body" or "ignore": true is ErrExecReply; and an accepted
-// reply says what the object says, as the oracle below reads it with the
+// never panics; output that is not exactly one JSON object holding exactly
+// one of a non-empty text "body", "ignore": true, a valid "react" key or an
+// "attachment" object with a path is ErrExecReply; and an accepted reply
+// says what the object says, as the oracle below reads it with the
 // standard decoder alone.
 func FuzzExecReply(f *testing.F) {
 	for _, s := range []string{
@@ -43,6 +48,27 @@ func FuzzExecReply(f *testing.F) {
 		`{"body":"hi"} and more`,
 		`{"body":"hi"}{"body":"again"}`,
 		`{"body":"unterminated`,
+		`{"react":"👍"}`,
+		`{"react":"👍🏽"}`,
+		`{"react":" 👍"}`,
+		`{"react":""}`,
+		`{"react":"a\u0007"}`,
+		`{"react":7}`,
+		`{"react":"` + strings.Repeat("x", journal.MaxReactionKeyBytes+1) + `"}`,
+		`{"react":"👍","body":"and words"}`,
+		`{"react":"👍","ignore":true}`,
+		`{"attachment":{"path":"/tmp/out.png"}}`,
+		`{"attachment":{"path":"out.png","name":"chart.png","mimetype":"image/png","caption":"the chart"}}`,
+		`{"attachment":{"path":"a","mimetype":"text/plain; charset=utf-8"}}`,
+		`{"attachment":{"path":"a","mimetype":"not a type"}}`,
+		`{"attachment":{"path":""}}`,
+		`{"attachment":{"path":"a\u0000b"}}`,
+		`{"attachment":{"name":"no path"}}`,
+		`{"attachment":{"path":"a","size":3}}`,
+		`{"attachment":{"path":"a","caption":null}}`,
+		`{"attachment":"/tmp/out.png"}`,
+		`{"attachment":null}`,
+		`{"attachment":{"path":"a"},"body":"caption here"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -53,7 +79,7 @@ func FuzzExecReply(f *testing.F) {
 			if !errors.Is(err, ErrExecReply) {
 				t.Fatalf("parseReply(%q) = %+v, %v; want ErrExecReply", out, reply, err)
 			}
-			if reply.Ignore || reply.Content != nil {
+			if reply.Ignore || reply.Content != nil || reply.React != "" || reply.Attachment != nil {
 				t.Fatalf("parseReply(%q) refused with a reply %+v", out, reply)
 			}
 			return
@@ -61,14 +87,25 @@ func FuzzExecReply(f *testing.F) {
 		if err != nil {
 			t.Fatalf("parseReply(%q) = %v; want %+v", out, err, want)
 		}
-		if want.ignore {
-			if !reply.Ignore || reply.Content != nil {
+		if err := reply.Validate(); err != nil {
+			t.Fatalf("parseReply(%q) = %+v, which is not a valid reply: %v", out, reply, err)
+		}
+		switch {
+		case want.ignore:
+			if !reply.Ignore {
 				t.Fatalf("parseReply(%q) = %+v; want an ignore", out, reply)
 			}
 			return
-		}
-		if reply.Ignore {
-			t.Fatalf("parseReply(%q) ignores; want the body %q", out, want.body)
+		case want.react != "":
+			if reply.React != want.react {
+				t.Fatalf("parseReply(%q) = %+v; want the reaction %q", out, reply, want.react)
+			}
+			return
+		case want.file != nil:
+			if reply.Attachment == nil || *reply.Attachment != *want.file {
+				t.Fatalf("parseReply(%q) = %+v; want the attachment %+v", out, reply.Attachment, *want.file)
+			}
+			return
 		}
 		var content map[string]string
 		if err := json.Unmarshal(reply.Content, &content); err != nil {
@@ -83,12 +120,17 @@ func FuzzExecReply(f *testing.F) {
 type oracleAnswer struct {
 	body   string
 	ignore bool
+	react  string
+	file   *File
 }
 
 // oracleReply is the reply contract read independently of parseReply: the
 // whole output is one JSON value (JSON's own whitespace around it allowed),
-// an object whose keys are exactly body or ignore, with exactly one of a
-// non-empty string body and ignore true.
+// an object whose keys are among body, ignore, react and attachment, with
+// exactly one of them: a non-empty string body, ignore true, a react string
+// that is a valid reaction key, or an attachment object whose keys are
+// among path, name, mimetype and caption, each a string, with a non-empty
+// path free of NUL and a mimetype, when not empty, that is a media type.
 func oracleReply(out []byte) (oracleAnswer, bool) {
 	if !json.Valid(out) {
 		return oracleAnswer{}, false
@@ -98,24 +140,47 @@ func oracleReply(out []byte) (oracleAnswer, bool) {
 		return oracleAnswer{}, false
 	}
 	obj, ok := v.(map[string]any)
-	if !ok {
+	if !ok || len(obj) != 1 {
 		return oracleAnswer{}, false
 	}
-	for k := range obj {
-		if k != "body" && k != "ignore" {
-			return oracleAnswer{}, false
+	for k, v := range obj {
+		switch k {
+		case "ignore":
+			return oracleAnswer{ignore: true}, v == true
+		case "body":
+			s, ok := v.(string)
+			return oracleAnswer{body: s}, ok && s != ""
+		case "react":
+			s, ok := v.(string)
+			return oracleAnswer{react: s}, ok && journal.ValidReactionKey(s)
+		case "attachment":
+			file, ok := oracleFile(v)
+			return oracleAnswer{file: file}, ok
 		}
 	}
-	body, hasBody := obj["body"]
-	ignore, hasIgnore := obj["ignore"]
-	switch {
-	case hasBody && hasIgnore:
-		return oracleAnswer{}, false
-	case hasIgnore:
-		return oracleAnswer{ignore: true}, ignore == true
-	case hasBody:
-		s, ok := body.(string)
-		return oracleAnswer{body: s}, ok && s != ""
-	}
 	return oracleAnswer{}, false
+}
+
+func oracleFile(v any) (*File, bool) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, false
+	}
+	s := map[string]string{}
+	for k, v := range obj {
+		str, ok := v.(string)
+		if !ok || (k != "path" && k != "name" && k != "mimetype" && k != "caption") {
+			return nil, false
+		}
+		s[k] = str
+	}
+	if s["path"] == "" || strings.Contains(s["path"], "\x00") {
+		return nil, false
+	}
+	if s["mimetype"] != "" {
+		if _, _, err := mime.ParseMediaType(s["mimetype"]); err != nil {
+			return nil, false
+		}
+	}
+	return &File{Path: s["path"], Name: s["name"], MimeType: s["mimetype"], Caption: s["caption"]}, true
 }

@@ -299,8 +299,21 @@ func TestExecRefusesOutputThatIsNotOneReply(t *testing.T) {
 		{"NotJSON", "hello", "not a JSON object"},
 		{"NotAnObject", `["hi"]`, "not a JSON object"},
 		{"Null", "null", "not a JSON object"},
-		{"Both", `{"body":"hi","ignore":true}`, "both body and ignore"},
-		{"Neither", `{}`, "neither body nor ignore"},
+		{"Both", `{"body":"hi","ignore":true}`, "more than one of body, ignore, react and attachment (body, ignore)"},
+		{"Neither", `{}`, "none of body, ignore, react and attachment"},
+		{"ReactAndBody", `{"react":"👍","body":"hi"}`, "more than one of body, ignore, react and attachment (body, react)"},
+		{"ReactNotText", `{"react":1}`, "react is not a string"},
+		{"ReactEmpty", `{"react":""}`, "react must be 1 to 64 bytes"},
+		{"ReactPadded", `{"react":" 👍 "}`, "react must be 1 to 64 bytes"},
+		{"ReactControl", `{"react":"a\u0007"}`, "react must be 1 to 64 bytes"},
+		{"AttachmentAndBody", `{"attachment":{"path":"/a"},"body":"caption"}`, "more than one of body, ignore, react and attachment (attachment, body)"},
+		{"AttachmentNotAnObject", `{"attachment":"/tmp/a.png"}`, "attachment is not a JSON object"},
+		{"AttachmentWithoutPath", `{"attachment":{"name":"a.png"}}`, "attachment without a path"},
+		{"AttachmentEmptyPath", `{"attachment":{"path":""}}`, "attachment without a path"},
+		{"AttachmentNULPath", `{"attachment":{"path":"a\u0000b"}}`, "attachment path holds a NUL byte"},
+		{"AttachmentUnknownKey", `{"attachment":{"path":"/a","size":3}}`, `unknown attachment key "size"`},
+		{"AttachmentNullCaption", `{"attachment":{"path":"/a","caption":null}}`, "attachment caption is not a string"},
+		{"AttachmentBadMimetype", `{"attachment":{"path":"/a","mimetype":"an image"}}`, `attachment mimetype "an image" is not a media type`},
 		{"EmptyBody", `{"body":""}`, "empty body"},
 		{"BodyNotText", `{"body":7}`, "body is not a string"},
 		{"IgnoreFalse", `{"ignore":false}`, "ignore is false, not true"},
@@ -315,6 +328,41 @@ func TestExecRefusesOutputThatIsNotOneReply(t *testing.T) {
 			_, err := execAgent(t, "raw").Answer(context.Background(), turn)
 			if !errors.Is(err, agent.ErrExecReply) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want an invalid reply: %s", err, c.want)
+			}
+		})
+	}
+}
+
+func TestExecAnswersWithAReaction(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	t.Setenv(agentReply, `{"react": "👍"}`)
+	reply, err := execAgent(t, "raw").Answer(context.Background(), turn)
+	if err != nil || reply.React != "👍" || reply.Ignore || reply.Content != nil || reply.Attachment != nil {
+		t.Fatalf("reply = %+v, %v; want the reaction 👍 alone", reply, err)
+	}
+}
+
+// An attachment's relative path is the command's working directory's, the
+// daemon's: the reply names the file by its whole path.
+func TestExecAnswersWithAnAttachmentItsRelativePathMadeWhole(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, out string
+		want      agent.File
+	}{
+		{"Absolute", `{"attachment": {"path": "/srv/out/chart.png"}}`, agent.File{Path: "/srv/out/chart.png"}},
+		{"Relative", `{"attachment": {"path": "out/chart.png", "name": "Chart.png", "mimetype": "image/png", "caption": "the chart"}}`,
+			agent.File{Path: filepath.Join(wd, "out/chart.png"), Name: "Chart.png", MimeType: "image/png", Caption: "the chart"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+			t.Setenv(agentReply, c.out)
+			reply, err := execAgent(t, "raw").Answer(context.Background(), turn)
+			if err != nil || reply.Attachment == nil || *reply.Attachment != c.want || reply.Content != nil || reply.React != "" {
+				t.Fatalf("reply = %+v (attachment %+v), %v; want the attachment %+v alone", reply, reply.Attachment, err, c.want)
 			}
 		})
 	}

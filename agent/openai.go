@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -14,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/rs/zerolog"
+	"maunium.net/go/mautrix/crypto/attachment"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -39,7 +42,24 @@ const (
 	// maxReasonBytes is how much of the server's own explanation of a
 	// refusal an error keeps.
 	maxReasonBytes = 256
+	// DefaultMaxImageBytes caps one image a vision request carries when
+	// OpenAIOptions.MaxImageBytes is zero: OpenAI's own limit per image.
+	DefaultMaxImageBytes = 20 << 20
+	// MaxVisionImages is how many images one request carries at most, the
+	// newest of its window: each is sent whole, base64, with every request,
+	// and a long conversation of pictures would make every turn pay for
+	// all of them again. Older ones are left out, as without Vision.
+	MaxVisionImages = 4
+	// imageUnavailable stands in for an image that could not be fetched,
+	// was too large or is of a type models do not read, so the model
+	// knows there was one.
+	imageUnavailable = "[image not available]"
 )
+
+// visionTypes are the image types chat completions APIs read (OpenAI's
+// list; llama.cpp and Ollama read them too). Another type would have the
+// request refused, and the turn fail on every retry.
+var visionTypes = []string{"image/png", "image/jpeg", "image/gif", "image/webp"}
 
 // The stream status words an answer's content carries (see
 // journal.StreamStatusKey). Progress edits are marked by the principal.
@@ -107,6 +127,21 @@ type OpenAIOptions struct {
 	UserID string
 	// Timeout bounds one turn; zero means DefaultOpenAITimeout.
 	Timeout time.Duration
+	// Vision sends images to the model: an m.image the turn's event, or a
+	// message of its window (up to MaxVisionImages, the newest), carries is
+	// sent as the user message's content parts, its caption as text and
+	// the image as an image_url part holding a data: URL. An image
+	// message is then answered too. Off, images are left out and an image
+	// message is settled unanswered.
+	Vision bool
+	// FetchMedia downloads an mxc:// URL, at most max bytes, for Vision:
+	// the model cannot fetch from the homeserver. The daemon wires it to
+	// the homeserver's media download. A failed fetch, or one nil, shows
+	// the model "[image not available]" instead, and the turn goes on.
+	FetchMedia func(ctx context.Context, mxcURL string, max int64) (data []byte, mimeType string, err error)
+	// MaxImageBytes caps one image; zero means DefaultMaxImageBytes. A
+	// larger image is "[image not available]".
+	MaxImageBytes int64
 	// Now is the clock progress edits are spaced by; nil means time.Now.
 	Now func() time.Time
 	// Log receives a line per answer.
@@ -115,11 +150,11 @@ type OpenAIOptions struct {
 
 // OpenAI answers each text message with a model behind an OpenAI-compatible
 // chat completions API (OpenAI, llama.cpp's server, Ollama, vLLM, ...),
-// given the conversation so far; other events are settled unanswered. Any
-// failure (a refusal such as 429 or 500, a connection or stream cut short,
-// a timeout) is an error, so the event stays pending and is offered again
-// after a backoff. The client never retries by itself: the principal's
-// backoff is the one retry policy.
+// given the conversation so far, and with Vision each image message too;
+// other events are settled unanswered. Any failure (a refusal such as 429
+// or 500, a connection or stream cut short, a timeout) is an error, so the
+// event stays pending and is offered again after a backoff. The client
+// never retries by itself: the principal's backoff is the one retry policy.
 //
 // Streamed, the answer is shown as it is written through Turn.Progress, at
 // most once every ProgressInterval; the finished answer is the Reply, which
@@ -132,6 +167,9 @@ type OpenAI struct {
 	stream      bool
 	self        string
 	timeout     time.Duration
+	vision      bool
+	fetch       func(ctx context.Context, mxcURL string, max int64) ([]byte, string, error)
+	maxImage    int64
 	now         func() time.Time
 	log         zerolog.Logger
 	// scrub blanks the API key out of a server's error message. The key
@@ -155,6 +193,9 @@ func NewOpenAI(o OpenAIOptions) *OpenAI {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.MaxImageBytes <= 0 {
+		o.MaxImageBytes = DefaultMaxImageBytes
+	}
 	// A client of its own: no overall timeout, which would cut a stream
 	// short (each turn has its deadline instead), and the default
 	// transport's dial and TLS timeouts and proxy settings.
@@ -167,7 +208,7 @@ func NewOpenAI(o OpenAIOptions) *OpenAI {
 	}
 	return &OpenAI{completions: openai.NewChatCompletionService(opts...), model: o.Model, system: o.SystemPrompt,
 		context: o.ContextMessages, stream: o.Stream, self: o.UserID, timeout: o.Timeout, now: o.Now, log: o.Log,
-		scrub: scrub}
+		scrub: scrub, vision: o.Vision, fetch: o.FetchMedia, maxImage: o.MaxImageBytes}
 }
 
 // Placeholder is the content the principal sends before a streamed answer
@@ -183,19 +224,21 @@ func (o *OpenAI) Placeholder() json.RawMessage {
 
 // Answer implements Agent.
 func (o *OpenAI) Answer(ctx context.Context, turn Turn) (Reply, error) {
-	if turn.Event.Kind != journal.KindMessage {
+	if turn.Event.Kind != journal.KindMessage && (!o.vision || turn.Event.Kind != journal.KindMedia) {
 		return Reply{Ignore: true}, nil
 	}
-	messages, asked, err := o.history(ctx, turn)
+	// The turn's deadline covers the images' downloads too.
+	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	messages, asked, images, err := o.history(runCtx, turn)
 	if err != nil {
 		return Reply{}, fmt.Errorf("openai agent: %w", err)
 	}
 	if !asked {
-		// A message without text (an empty body): nothing to answer.
+		// A message without text (an empty body), or media that is not an
+		// image: nothing to answer.
 		return Reply{Ignore: true}, nil
 	}
-	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
 	params := openai.ChatCompletionNewParams{Model: o.model, Messages: messages}
 	start := o.now()
 	var (
@@ -222,7 +265,7 @@ func (o *OpenAI) Answer(ctx context.Context, turn Turn) (Reply, error) {
 	if err != nil {
 		return Reply{}, fmt.Errorf("openai agent: %w", err)
 	}
-	o.log.Debug().Str("event_id", turn.Event.EventID).Dur("took", o.now().Sub(start)).Int("history", len(messages)).
+	o.log.Debug().Str("event_id", turn.Event.EventID).Dur("took", o.now().Sub(start)).Int("history", len(messages)).Int("images", images).
 		Int("answer_bytes", len(text)).Str("finish_reason", finish).Int("progress_edits", progress).Msg("Model answered")
 	if truncated {
 		o.log.Warn().Str("event_id", turn.Event.EventID).Int("answer_bytes", len(text)).
@@ -350,12 +393,13 @@ func clip(s string, n int) string {
 // history is the request's messages: the system prompt, then the last
 // visible messages of the event's conversation up to and including the
 // event, oldest first. The agent's own are the assistant's; messages
-// without text (chatText) are left out. asked is false when the event
-// itself has none.
-func (o *OpenAI) history(ctx context.Context, turn Turn) (_ []openai.ChatCompletionMessageParamUnion, asked bool, _ error) {
+// without text (chatText) are left out, but for the images Vision sends.
+// asked is false when the event itself has neither; images counts the
+// images sent.
+func (o *OpenAI) history(ctx context.Context, turn Turn) (_ []openai.ChatCompletionMessageParamUnion, asked bool, images int, _ error) {
 	ts, err := eventTS(turn.Event.Event)
 	if err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	// Up to the event, not the newest: what was said after it, while the
 	// event waited its turn, is not what it asks about. A cursor is
@@ -364,7 +408,15 @@ func (o *OpenAI) history(ctx context.Context, turn Turn) (_ []openai.ChatComplet
 	page, err := turn.Conversation.Read(ctx, journal.ReadRequest{RoomID: turn.Event.RoomID, Thread: turn.Thread,
 		Limit: o.context, Before: &journal.Cursor{CreatedTS: ts + 1, EventID: "$!"}})
 	if err != nil {
-		return nil, false, fmt.Errorf("read conversation: %w", err)
+		return nil, false, 0, fmt.Errorf("read conversation: %w", err)
+	}
+	// The newest images of the window, the event's first, are the ones
+	// sent.
+	shown := map[string]bool{}
+	for i := len(page.Messages) - 1; i >= 0 && o.vision && len(shown) < MaxVisionImages; i-- {
+		if m := page.Messages[i]; m.Sender != o.self && isImage(m.Content) {
+			shown[m.EventID] = true
+		}
 	}
 	out := make([]openai.ChatCompletionMessageParamUnion, 0, len(page.Messages)+2)
 	if o.system != "" {
@@ -372,6 +424,14 @@ func (o *OpenAI) history(ctx context.Context, turn Turn) (_ []openai.ChatComplet
 	}
 	seen := false
 	for _, m := range page.Messages {
+		if shown[m.EventID] {
+			out = append(out, openai.UserMessage(o.imageParts(ctx, turn.Event.EventID, m.EventID, m.Content)))
+			images++
+			if m.EventID == turn.Event.EventID {
+				seen, asked = true, true
+			}
+			continue
+		}
 		body := chatText(m.Content)
 		if m.EventID == turn.Event.EventID {
 			seen, asked = true, body != ""
@@ -393,9 +453,85 @@ func (o *OpenAI) history(ctx context.Context, turn Turn) (_ []openai.ChatComplet
 		_ = json.Unmarshal(turn.Event.Event, &ev)
 		if body := chatText(ev["content"]); body != "" {
 			out, asked = append(out, openai.UserMessage(body)), true
+		} else if o.vision && isImage(ev["content"]) {
+			out = append(out, openai.UserMessage(o.imageParts(ctx, turn.Event.EventID, turn.Event.EventID, ev["content"])))
+			asked, images = true, images+1
 		}
 	}
-	return out, asked, nil
+	return out, asked, images, nil
+}
+
+// isImage reports whether a message's content is an m.image with a file.
+func isImage(content json.RawMessage) bool {
+	msgtype, _, _, ok := journal.MessageAttachment(content)
+	return ok && msgtype == "m.image"
+}
+
+// imageParts is the user message of an image message, eventID, seen in
+// the turn of turnEvent: its caption, when it has one, as text, and the
+// image as a data: URL; "[image not available]" in its place when it
+// cannot be had.
+func (o *OpenAI) imageParts(ctx context.Context, turnEvent, eventID string, content json.RawMessage) []openai.ChatCompletionContentPartUnionParam {
+	caption := mediaCaption(content)
+	url, err := o.image(ctx, content)
+	if err != nil {
+		o.log.Warn().Err(err).Str("event_id", turnEvent).Str("image_event_id", eventID).
+			Msg("An image could not be sent to the model; it is shown as not available")
+		if caption != "" {
+			caption += "\n"
+		}
+		return []openai.ChatCompletionContentPartUnionParam{openai.TextContentPart(caption + imageUnavailable)}
+	}
+	var parts []openai.ChatCompletionContentPartUnionParam
+	if caption != "" {
+		parts = append(parts, openai.TextContentPart(caption))
+	}
+	return append(parts, openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: url}))
+}
+
+// image downloads the image content carries, decrypting it when it is an
+// encrypted room's, and returns it as a data: URL. Its type is what its
+// bytes show, not what the sender claimed: a type the model cannot read
+// would have the whole request refused.
+func (o *OpenAI) image(ctx context.Context, content json.RawMessage) (string, error) {
+	_, mxc, _, _ := journal.MessageAttachment(content)
+	if o.fetch == nil {
+		return "", errors.New("no media download configured")
+	}
+	data, _, err := o.fetch(ctx, mxc, o.maxImage)
+	if err != nil {
+		return "", fmt.Errorf("download %s: %w", mxc, err)
+	}
+	if int64(len(data)) > o.maxImage {
+		return "", fmt.Errorf("download %s: larger than %d bytes", mxc, o.maxImage)
+	}
+	var c struct {
+		File *attachment.EncryptedFile `json:"file"`
+	}
+	if err := json.Unmarshal(content, &c); err == nil && c.File != nil {
+		if err := c.File.DecryptInPlace(data); err != nil {
+			return "", fmt.Errorf("decrypt %s: %w", mxc, err)
+		}
+	}
+	mimeType, _, _ := strings.Cut(http.DetectContentType(data), ";")
+	if !slices.Contains(visionTypes, mimeType) {
+		return "", fmt.Errorf("%s is %s, not an image type models read", mxc, mimeType)
+	}
+	return "data:" + mimeType + ";base64," + base64.StdEncoding.EncodeToString(data), nil
+}
+
+// mediaCaption is a media message's caption: its body when the file's
+// name is in filename and the body says something else (Matrix 1.10);
+// otherwise the body is the file's name, which says nothing.
+func mediaCaption(content json.RawMessage) string {
+	var c struct {
+		Body     string `json:"body"`
+		Filename string `json:"filename"`
+	}
+	if json.Unmarshal(content, &c) != nil || c.Filename == "" || c.Body == c.Filename || strings.TrimSpace(c.Body) == "" {
+		return ""
+	}
+	return c.Body
 }
 
 // eventTS reads an event's origin_server_ts.
