@@ -31,6 +31,22 @@ const (
 	// DefaultKeyDeadline is how long an encrypted event waits for its key
 	// (a day: a sender's device offline overnight still shares it).
 	DefaultKeyDeadline = 24 * time.Hour
+	// DefaultMaxUpload caps the file an agent answers with (20 MiB): the
+	// file is read whole before it is uploaded, so the cap bounds what a
+	// turn holds in memory. The homeserver's own limit may be lower; its
+	// refusal is answered like an oversized file.
+	DefaultMaxUpload = 20 << 20
+	// DefaultTypingRenew is how often the agent's typing notice is
+	// renewed while it answers: well within its timeout (half again as
+	// long), so a slow answer shows typing throughout.
+	DefaultTypingRenew = 20 * time.Second
+	// DefaultProgressBurst and DefaultProgressRefill pace the progress
+	// edits of a streamed answer as Synapse's default rate limit for
+	// messages does (rc_message: a burst of 10, then 0.2 a second): a
+	// homeserver that refuses edits with 429 would also hold up the answer
+	// itself, which the outbox sends as the same account.
+	DefaultProgressBurst  = 10
+	DefaultProgressRefill = 5 * time.Second
 )
 
 // Deps are the actor's collaborators.
@@ -73,8 +89,22 @@ type Deps struct {
 	// Placeholder, when set, is the content of a placeholder sent before
 	// the agent is asked; the answer then replaces it as an edit.
 	Placeholder json.RawMessage
-	Log         zerolog.Logger
-	Now         func() time.Time
+	// MaxUpload caps the file an Agent's reply sends (agent.File), in
+	// bytes; zero means DefaultMaxUpload. A larger file is answered with a
+	// notice that it could not be sent.
+	MaxUpload int64
+	// TypingRenew is how often the agent's typing notice is renewed while
+	// the Agent answers a message (when the Transport can show one); zero
+	// means DefaultTypingRenew, a negative value shows no typing.
+	TypingRenew time.Duration
+	// ProgressBurst and ProgressRefill pace a turn's progress edits (all
+	// the principal's turns share one budget): ProgressBurst edits at
+	// once, then one per ProgressRefill. Zero means DefaultProgressBurst
+	// and DefaultProgressRefill.
+	ProgressBurst  int
+	ProgressRefill time.Duration
+	Log            zerolog.Logger
+	Now            func() time.Time
 	// SyncTimeout is the long-poll timeout of one sync.
 	SyncTimeout time.Duration
 	// BackoffBase and BackoffMax bound the retry delays of a failed sync
@@ -88,6 +118,23 @@ type Deps struct {
 	// listen here).
 	OnSynced   func(results []journal.AdmitResult)
 	OnDelivery func(outbox.Point)
+}
+
+// withTurnDefaults gives the turn's own settings their defaults.
+func (d Deps) withTurnDefaults() Deps {
+	if d.MaxUpload <= 0 {
+		d.MaxUpload = DefaultMaxUpload
+	}
+	if d.TypingRenew == 0 {
+		d.TypingRenew = DefaultTypingRenew
+	}
+	if d.ProgressBurst <= 0 {
+		d.ProgressBurst = DefaultProgressBurst
+	}
+	if d.ProgressRefill <= 0 {
+		d.ProgressRefill = DefaultProgressRefill
+	}
+	return d
 }
 
 // Props returns the actor's props. A failure stops the actor, and with it
@@ -108,6 +155,7 @@ func Props(d Deps) *actor.Props {
 	if d.KeyDeadline <= 0 {
 		d.KeyDeadline = DefaultKeyDeadline
 	}
+	d = d.withTurnDefaults()
 	if d.Hints == nil {
 		// A bus of its own would never hear a commit, and the principal
 		// would journal work and never answer it: the store's is the only
@@ -150,6 +198,11 @@ type principalActor struct {
 	// where the sync stands; stored is the token last written.
 	tokenMu        sync.Mutex
 	synced, stored string
+
+	// pace is the budget every turn's progress edits share (progress.go):
+	// the homeserver's rate limit is the account's, not the turn's.
+	paceOnce sync.Once
+	pace     *bucket
 }
 
 // Receive implements actor.Actor.

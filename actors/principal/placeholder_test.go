@@ -169,8 +169,12 @@ func TestAnIgnoredMessagesPlaceholderIsRedacted(t *testing.T) {
 
 func TestNoProgressEditOfAnEndedMembershipIsSentAfterARejoin(t *testing.T) {
 	f := newFixture(t)
-	transport := &recordingTransport{}
+	transport := &recordingTransport{attempted: make(chan struct{}, 8)}
 	f.transport = func(tr principal.Transport) principal.Transport { transport.Transport = tr; return transport }
+	// The progress edit after the rejoin is dropped at the membership's
+	// check, which is a read of the room's epoch: the agent waits for it.
+	epochRead := make(chan struct{}, 8)
+	f.journal = func(v journal.PrincipalStore) journal.PrincipalStore { return epochReads{v, epochRead} }
 	f.placeholder = thinking
 	acknowledged, shown, rejoined, done := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
 	f.answer = agent.AgentFunc(func(ctx context.Context, turn agent.Turn) (agent.Reply, error) {
@@ -181,11 +185,20 @@ func TestNoProgressEditOfAnEndedMembershipIsSentAfterARejoin(t *testing.T) {
 			return agent.Reply{}, ctx.Err()
 		}
 		turn.Progress(ctx, "before the leave")
+		if !wait(ctx, transport.attempted) {
+			return agent.Reply{}, ctx.Err()
+		}
 		close(shown)
 		if !wait(ctx, rejoined) {
 			return agent.Reply{}, ctx.Err()
 		}
+		for len(epochRead) > 0 {
+			<-epochRead
+		}
 		turn.Progress(ctx, "after the rejoin")
+		if !wait(ctx, epochRead) {
+			return agent.Reply{}, ctx.Err()
+		}
 		close(done)
 		return agent.Reply{Content: json.RawMessage(`{"msgtype":"m.text","body":"too late"}`)}, nil
 	})
@@ -220,6 +233,22 @@ func TestNoProgressEditOfAnEndedMembershipIsSentAfterARejoin(t *testing.T) {
 	if sent := transport.sentIDs(); len(sent) != 1 {
 		t.Fatalf("progress edits sent = %v, want only the one before the leave", sent)
 	}
+}
+
+// epochReads tells read of each read of a room's epoch, once it is done.
+type epochReads struct {
+	journal.PrincipalStore
+	read chan struct{}
+}
+
+func (s epochReads) RoomEpoch(ctx context.Context, roomID string) (int64, bool, error) {
+	defer func() {
+		select {
+		case s.read <- struct{}{}:
+		default:
+		}
+	}()
+	return s.PrincipalStore.RoomEpoch(ctx, roomID)
 }
 
 // awaitInAgain waits until the journal has the principal back in the room

@@ -15,15 +15,19 @@ import (
 
 // recordingTransport refuses the first fail sends, as a homeserver that
 // is briefly unavailable, and records the event IDs of the sends it lets
-// through.
+// through; attempted, when set, hears of each send once it is done.
 type recordingTransport struct {
 	principal.Transport
-	mu   sync.Mutex
-	fail int
-	sent []string
+	mu        sync.Mutex
+	fail      int
+	sent      []string
+	attempted chan struct{}
 }
 
 func (r *recordingTransport) Send(ctx context.Context, room, eventType, txnID string, content json.RawMessage) (string, error) {
+	if r.attempted != nil {
+		defer func() { r.attempted <- struct{}{} }()
+	}
 	r.mu.Lock()
 	if r.fail > 0 {
 		r.fail--
@@ -46,7 +50,8 @@ func (r *recordingTransport) sentIDs() []string {
 	return append([]string(nil), r.sent...)
 }
 
-// wait waits for ch to close or ctx to end, reporting whether ch closed.
+// wait waits for ch to close, or to yield a value, or for ctx to end,
+// reporting whether ch did.
 func wait(ctx context.Context, ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -124,7 +129,7 @@ type wireEvent struct {
 
 func TestProgressEditsThePlaceholderInPassingAndOnlyTheAnswerStays(t *testing.T) {
 	f := newFixture(t)
-	transport := &recordingTransport{fail: 1}
+	transport := &recordingTransport{fail: 1, attempted: make(chan struct{}, 8)}
 	f.transport = func(tr principal.Transport) principal.Transport { transport.Transport = tr; return transport }
 	f.placeholder = json.RawMessage(`{"msgtype":"m.text","body":"Thinking","io.mindroom.stream_status":"pending"}`)
 	acknowledged, shown, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -135,9 +140,18 @@ func TestProgressEditsThePlaceholderInPassingAndOnlyTheAnswerStays(t *testing.T)
 		if !wait(ctx, acknowledged) {
 			return agent.Reply{}, ctx.Err()
 		}
-		turn.Progress(ctx, "The answer") // refused: logged and dropped
-		turn.Progress(ctx, "The answer is")
-		turn.Progress(ctx, "The answer is 4")
+		// Each text waits for its edit: handed over at once, they would be
+		// coalesced to the newest.
+		for _, text := range []string{
+			"The answer", // refused: logged and dropped
+			"The answer is",
+			"The answer is 4",
+		} {
+			turn.Progress(ctx, text)
+			if !wait(ctx, transport.attempted) {
+				return agent.Reply{}, ctx.Err()
+			}
+		}
 		close(shown)
 		if !wait(ctx, finish) {
 			return agent.Reply{}, ctx.Err()

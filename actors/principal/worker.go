@@ -137,7 +137,8 @@ func earliest(a, b time.Time) time.Time {
 // in a commit of its own, before the transaction that enqueues the reply
 // and settles the event: once the agent has answered, a retry or a restart
 // sends the recorded answer and never asks the agent again. (An agent whose
-// work takes long would record its result on its own first.)
+// work takes long would record its result on its own first.) A reaction is
+// recorded as the reaction it is, and sent again as one.
 func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) error {
 	thread, _, err := a.deps.Store.AdmittedThreadID(ctx, e.RoomID, e.EventID)
 	if err != nil {
@@ -158,20 +159,19 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 		_, err := a.deps.Store.Settle(ctx, e.EventID)
 		return err
 	case answered:
+		if key, ok := journal.RecordedReaction(rec.Record, e.EventID); ok {
+			return a.react(ctx, e, id, key, withPlaceholder)
+		}
 		content = rec.Record
 	default:
-		var progress func(context.Context, string)
-		if withPlaceholder {
-			if dropped, err := a.placeholder(ctx, e, thread); dropped || err != nil {
-				return err
-			}
-			progress = a.progress(e, id)
-		}
-		reply, err := a.deps.Agent.Answer(ctx, agent.Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress})
+		reply, err := a.ask(ctx, e, id, thread, withPlaceholder)
 		if err != nil {
-			return fmt.Errorf("agent: %w", err)
+			return err
 		}
-		if reply.Ignore {
+		switch {
+		case reply.dropped:
+			return nil
+		case reply.Ignore:
 			// Retracted before the event settles, so a crash in between
 			// offers the turn again rather than leave the placeholder.
 			if withPlaceholder {
@@ -181,8 +181,23 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 			}
 			_, err := a.deps.Store.Settle(ctx, e.EventID)
 			return err
+		case reply.React != "":
+			req, err := journal.ReactionReply(e.RoomID, e.EventID, reply.React, true)
+			if err != nil {
+				return fmt.Errorf("agent: %w", err)
+			}
+			if err := a.deps.Store.UpsertTurn(ctx, *req.Turn); err != nil {
+				return fmt.Errorf("record turn: %w", err)
+			}
+			return a.react(ctx, e, id, reply.React, withPlaceholder)
+		case reply.Attachment != nil:
+			if content, err = a.attachment(ctx, e, reply.Attachment); err != nil {
+				return err
+			}
+		default:
+			content = reply.Content
 		}
-		if content, err = journal.RelateReply(reply.Content, e.EventID, thread, journal.ReplyMarkdown); err != nil {
+		if content, err = journal.RelateReply(content, e.EventID, thread, journal.ReplyMarkdown); err != nil {
 			return err
 		}
 		if err := a.deps.Store.UpsertTurn(ctx, journal.TurnRecord{TurnID: id, RoomID: e.RoomID, State: journal.TurnResultRecorded,
@@ -196,6 +211,58 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 	if dropped && err == nil && withPlaceholder {
 		err = a.retract(ctx, e, id)
 	}
+	return err
+}
+
+// answer is the agent's reply to a turn, or a turn dropped before it was
+// asked.
+type answer struct {
+	agent.Reply
+	dropped bool
+}
+
+// ask sends the turn's placeholder when it has one, then asks the agent,
+// showing it typing and its progress meanwhile. Both end the moment
+// Answer returns: nothing of them holds up the answer.
+func (a *principalActor) ask(ctx context.Context, e journal.PendingEvent, id string, thread *string, withPlaceholder bool) (answer, error) {
+	var progress func(context.Context, string)
+	stopProgress := func() {}
+	if withPlaceholder {
+		if dropped, err := a.placeholder(ctx, e, thread); dropped || err != nil {
+			return answer{dropped: dropped}, err
+		}
+		progress, stopProgress = a.progress(ctx, e, id)
+	}
+	stopTyping := a.typing(ctx, e)
+	reply, err := a.deps.Agent.Answer(ctx, agent.Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress})
+	stopProgress()
+	stopTyping()
+	if err == nil {
+		err = reply.Validate()
+	}
+	if err != nil {
+		return answer{}, fmt.Errorf("agent: %w", err)
+	}
+	return answer{Reply: reply}, nil
+}
+
+// react sends the reaction with key that answers e, recorded already, and
+// settles e. A placeholder is withdrawn first, as for a turn ignored: the
+// reaction is the answer, and nothing replaces the placeholder. Retracted
+// before the enqueue settles the event, so a crash in between offers the
+// turn again, which sends the recorded reaction.
+func (a *principalActor) react(ctx context.Context, e journal.PendingEvent, id, key string, withPlaceholder bool) error {
+	if withPlaceholder {
+		if err := a.retract(ctx, e, id); err != nil {
+			return err
+		}
+	}
+	req, err := journal.ReactionReply(e.RoomID, e.EventID, key, false)
+	if err != nil {
+		return err
+	}
+	_, err = a.deps.Store.EnqueueAndSettle(ctx, req)
+	_, err = a.dropIfEnded(ctx, e, err)
 	return err
 }
 
@@ -299,72 +366,6 @@ func (a *principalActor) current(ctx context.Context, e journal.PendingEvent) (b
 	}
 	return !departed && epoch == e.Epoch, nil
 }
-
-// progressTimeout bounds one progress edit: the agent waits for it, and
-// the edit is worth less than the answer it holds up.
-const progressTimeout = 5 * time.Second
-
-// progress is Turn.Progress for the turn of e, whose delivery is id: each
-// call edits the placeholder, once the outbox has it acknowledged (until
-// then there is nothing to edit and a call does nothing) and while the
-// membership e came under is the room's, straight through the transport.
-// The edit is marked in progress in its content and in its new content,
-// so the projection drops its sync echo (journal.IsTransportProgress), and
-// it carries no delivery marker, so no reconciliation mistakes it for a
-// stage of the reply. Its transaction ID
-// is random: an edit is never retried, and a retried turn's edits must not
-// be taken for its earlier attempt's.
-func (a *principalActor) progress(e journal.PendingEvent, id string) func(context.Context, string) {
-	var target string // the placeholder's event ID, once acknowledged
-	return func(ctx context.Context, text string) {
-		if target == "" {
-			d, err := a.deps.Store.Delivery(ctx, id, journal.StageInitial)
-			if err != nil {
-				a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("Reading the placeholder failed; progress not shown")
-				return
-			}
-			if d.State != journal.DeliveryAcknowledged {
-				return
-			}
-			target = d.EventID
-		}
-		// The fence stops the turn's enqueues, not this direct send: a
-		// membership that ended (even one rejoined since) is shown nothing.
-		if current, err := a.current(ctx, e); err != nil || !current {
-			if err != nil && ctx.Err() == nil {
-				a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("Reading the membership failed; progress not shown")
-			}
-			return
-		}
-		content, err := progressContent(target, text)
-		if err == nil {
-			sendCtx, cancel := context.WithTimeout(ctx, progressTimeout)
-			_, err = a.deps.Transport.Send(sendCtx, e.RoomID, progressEventType, "mindroomd-progress-"+uuid.NewString(), content)
-			cancel()
-		}
-		if err != nil && ctx.Err() == nil {
-			a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("Progress edit failed; ignored")
-		}
-	}
-}
-
-// progressEventType is the type of a progress edit: an edit has the type of
-// the message it edits, and a placeholder is a message.
-const progressEventType = "m.room.message"
-
-// progressContent is an edit of target showing text as still streaming.
-func progressContent(target, text string) (json.RawMessage, error) {
-	newContent := map[string]string{"msgtype": "m.text", "body": text, journal.StreamStatusKey: streamStatusStreaming}
-	return json.Marshal(map[string]any{
-		"msgtype": "m.text", "body": "* " + text, journal.StreamStatusKey: streamStatusStreaming,
-		"m.new_content": newContent,
-		"m.relates_to":  map[string]string{"rel_type": "m.replace", "event_id": target},
-	})
-}
-
-// streamStatusStreaming is the stream status of a message whose text is
-// still coming.
-const streamStatusStreaming = "streaming"
 
 // dropIfEnded settles e when an enqueue for it was refused because the
 // membership that asked has ended: nothing may answer it now.
