@@ -71,8 +71,10 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 	log := zerolog.New(stderr).With().Timestamp().Logger()
 	// Every back-end is checked before anything opens or signs in.
 	answers := make([]agent.Agent, len(cfg.Agents))
+	clients := make([]*clientRef, len(cfg.Agents))
 	for i, a := range cfg.Agents {
-		if answers[i], err = backend(i, a, log.With().Str("agent", a.Name).Logger()); err != nil {
+		clients[i] = new(clientRef)
+		if answers[i], err = backend(i, a, cfg.MediaMaxBytes, clients[i], log.With().Str("agent", a.Name).Logger()); err != nil {
 			return err
 		}
 	}
@@ -96,7 +98,7 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 	}
 	d.system = actors.NewSystem(d.log)
 	for i, a := range cfg.Agents {
-		if err := d.startAgent(ctx, cfg, a, answers[i]); err != nil {
+		if err := d.startAgent(ctx, cfg, a, answers[i], clients[i]); err != nil {
 			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 				// A signal while waiting for the homeserver.
 				d.log.Info().Msg("Shutting down")
@@ -169,7 +171,7 @@ func crossSign(ctx context.Context, storage string, a config.Agent, m *e2ee.Mach
 // log: none for http, where an outside agent takes the work through the
 // agent API. It opens no connection: a model server may start after the
 // daemon.
-func backend(i int, a config.Agent, log zerolog.Logger) (agent.Agent, error) {
+func backend(i int, a config.Agent, mediaMax int64, client *clientRef, log zerolog.Logger) (agent.Agent, error) {
 	// The config validated the back-end's keys and left the ones left out
 	// zero: each back-end gives them its defaults.
 	switch a.Backend.Type {
@@ -182,7 +184,8 @@ func backend(i int, a config.Agent, log zerolog.Logger) (agent.Agent, error) {
 	case config.BackendOpenAI:
 		o := a.Backend.OpenAI
 		return agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey.Reveal(),
-			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log}), nil
+			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log,
+			Vision: o.Vision, MaxImageBytes: mediaMax, FetchMedia: client.fetchMedia}), nil
 	}
 	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
 		Err: fmt.Errorf("%q is not a back-end this build runs", a.Backend.Type)}
@@ -199,7 +202,7 @@ func placeholderOf(answer agent.Agent) json.RawMessage {
 }
 
 // startAgent signs one agent in and starts its principal.
-func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer agent.Agent) error {
+func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer agent.Agent, ref *clientRef) error {
 	plain, err := d.store.Principal(ctx, a.Name, a.UserID)
 	if err != nil {
 		return err
@@ -211,6 +214,7 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	if err != nil {
 		return err
 	}
+	ref.c.Store(client)
 	machine, err := d.crypto.Machine(ctx, e2ee.Options{Account: plain.Principal().String(), Client: client,
 		PickleKey: d.pickleKey, Log: log, Observe: d.metrics.Decryption(a.Name)})
 	if err != nil {
@@ -243,6 +247,7 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		Sender: matrix.NewSender(client), Reconciler: reconciler, DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
 		Crypto: machine, KeyDeadline: cfg.KeyDeadline, KeyNoticeAfter: keyNoticeAfter(cfg),
+		MaxUpload: cfg.MediaMaxBytes, TypingRenew: typingRenew(a),
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
 	}))
 	d.actors = append(d.actors, pid)

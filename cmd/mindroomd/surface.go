@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/mindroomd/mindroomd/api"
@@ -84,6 +87,42 @@ func upstream(err error) error {
 		return &api.UpstreamError{Status: he.Status, ErrCode: he.ErrCode, Err: err}
 	}
 	return err
+}
+
+// clientRef is an agent's Matrix client, known once the agent signed in:
+// its back-end is made before, and asks for files only after.
+type clientRef struct{ c atomic.Pointer[matrix.Client] }
+
+// fetchMedia downloads mxcURL whole, at most max bytes (the openai
+// back-end's FetchMedia).
+func (r *clientRef) fetchMedia(ctx context.Context, mxcURL string, max int64) ([]byte, string, error) {
+	c := r.c.Load()
+	if c == nil {
+		return nil, "", errors.New("fetch media: the agent has not signed in")
+	}
+	server, mediaID, ok := strings.Cut(strings.TrimPrefix(mxcURL, "mxc://"), "/")
+	if !ok || !strings.HasPrefix(mxcURL, "mxc://") {
+		return nil, "", fmt.Errorf("fetch media: %q is not an mxc:// URL", mxcURL)
+	}
+	m, err := c.Download(ctx, server, mediaID, max)
+	if err != nil {
+		return nil, "", err
+	}
+	defer m.Body.Close()
+	data, err := io.ReadAll(m.Body)
+	if err != nil {
+		return nil, "", fmt.Errorf("fetch media: %w", err)
+	}
+	return data, m.ContentType, nil
+}
+
+// typingRenew is principal.Deps.TypingRenew for an agent: negative, showing
+// no typing, when its configuration turned typing off.
+func typingRenew(a config.Agent) time.Duration {
+	if a.Typing != nil && !*a.Typing {
+		return -1
+	}
+	return 0
 }
 
 // receiptMode is the receipts mode an agent's configuration asks for.
