@@ -137,8 +137,8 @@ type server struct {
 	// under one key) could both be taken. Striped by the delivery's name,
 	// so requests for different deliveries commit together.
 	deliveries map[string]*deliveryLocks
-	log     zerolog.Logger
-	cursors journal.CursorCodec
+	log        zerolog.Logger
+	cursors    journal.CursorCodec
 	// streams holds each agent's open pending streams, up to its cap.
 	streams      map[string]chan struct{}
 	writeTimeout time.Duration

@@ -47,19 +47,12 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 		writeError(w, http.StatusBadRequest, codeBadRequest, "event_id is not an event ID")
 		return
 	}
-	var (
-		req  replyRequest
-		file *upload
-		ok   bool
-	)
-	if multipartRequest(r) {
-		if file, ok = s.readAttachment(w, r, a, &req); !ok {
-			return
-		}
-		defer file.remove()
-	} else if ok = decodeBody(w, r, &req); !ok {
+	var req replyRequest
+	file, ok := s.readMessage(w, r, a, &req)
+	if !ok {
 		return
 	}
+	defer file.remove()
 	if !checkReply(w, req, file) {
 		return
 	}
@@ -101,9 +94,8 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 	if file != nil {
 		// Uploaded before the answer is recorded: a crash in between
 		// leaves an orphan file on the homeserver, never a second message.
-		url, err := s.uploadFile(ctx, a, file)
-		if err != nil {
-			s.failUpstream(w, r, name, err)
+		url, ok := s.upload(w, r, name, a, file)
+		if !ok {
 			return
 		}
 		if answer, err = attachmentContent(file, url, req.Body); err != nil {

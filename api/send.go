@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -58,19 +57,12 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, name string, a Age
 		writeError(w, http.StatusBadRequest, codeBadRequest, "room_id is not a room ID")
 		return
 	}
-	var (
-		req  sendRequest
-		file *upload
-		ok   bool
-	)
-	if multipartRequest(r) {
-		if file, ok = s.readAttachment(w, r, a, &req); !ok {
-			return
-		}
-		defer file.remove()
-	} else if ok = decodeBody(w, r, &req); !ok {
+	var req sendRequest
+	file, ok := s.readMessage(w, r, a, &req)
+	if !ok {
 		return
 	}
+	defer file.remove()
 	key, ok := idempotencyKey(w, r, req.Key)
 	if !ok {
 		return
@@ -153,9 +145,8 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, name string, a Age
 		// Uploaded before the enqueue: a crash in between leaves an
 		// orphan file on the homeserver, never a second message, since
 		// the message exists only once the enqueue commits.
-		url, err := s.uploadFile(ctx, a, file)
-		if err != nil {
-			s.failUpstream(w, r, name, err)
+		url, ok := s.upload(w, r, name, a, file)
+		if !ok {
 			return
 		}
 		if enq, err = build(url); err != nil {
@@ -200,18 +191,28 @@ func (s *server) replaySend(w http.ResponseWriter, r *http.Request, name string,
 	writeJSON(w, http.StatusOK, delivered(p, d, "replayed"))
 }
 
-// uploadFile hands a spooled file to the homeserver.
-func (s *server) uploadFile(ctx context.Context, a Agent, u *upload) (string, error) {
+// upload hands a spooled file to the homeserver and returns its mxc://
+// URI; on false the answer is written.
+func (s *server) upload(w http.ResponseWriter, r *http.Request, name string, a Agent, u *upload) (string, bool) {
 	f, err := u.open()
-	if err != nil {
-		return "", err
+	if err == nil {
+		defer f.Close()
+		var url string
+		if url, err = a.Homeserver.Upload(r.Context(), u.mimeType, u.name, f, u.size); err == nil {
+			return url, true
+		}
 	}
-	defer f.Close()
-	return a.Homeserver.Upload(ctx, u.mimeType, u.name, f, u.size)
+	s.failUpstream(w, r, name, err)
+	return "", false
 }
 
-// readAttachment reads a multipart request, once the agent can upload.
-func (s *server) readAttachment(w http.ResponseWriter, r *http.Request, a Agent, v any) (*upload, bool) {
+// readMessage reads a request's JSON object into v: the body, or the
+// message part of a multipart request, whose file it returns spooled (the
+// caller removes it). On false the answer is written.
+func (s *server) readMessage(w http.ResponseWriter, r *http.Request, a Agent, v any) (*upload, bool) {
+	if !multipartRequest(r) {
+		return nil, decodeBody(w, r, v)
+	}
 	if a.Homeserver == nil {
 		writeError(w, http.StatusNotImplemented, codeNotImplemented, "this agent cannot upload files here")
 		return nil, false

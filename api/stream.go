@@ -11,6 +11,75 @@ import (
 // streamPage is how many pending events a stream reads at a time.
 const streamPage = 100
 
+// sse is one open server-sent events answer, holding a place under its
+// agent's stream cap until closed.
+type sse struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	s       *server
+	agent   string
+	release func()
+	// deadlines is false once the writer refused a write deadline.
+	deadlines bool
+}
+
+// openSSE takes a place under the agent's stream cap; past the cap it
+// answers 503 and returns false.
+func (s *server) openSSE(w http.ResponseWriter, name string) (*sse, bool) {
+	streams := s.streams[name]
+	select {
+	case streams <- struct{}{}:
+	default:
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "too many streams are open")
+		return nil, false
+	}
+	return &sse{w: w, rc: http.NewResponseController(w), s: s, agent: name, deadlines: true,
+		release: func() { <-streams }}, true
+}
+
+// close gives the stream's place back.
+func (e *sse) close() { e.release() }
+
+// renew sets the deadline of the next write. A write deadline is on the
+// connection's clock, the wall clock; it is renewed before each write. A
+// writer that cannot take one (a wrapper that hides the connection) is
+// served without.
+func (e *sse) renew() bool {
+	if !e.deadlines {
+		return true
+	}
+	err := e.rc.SetWriteDeadline(time.Now().Add(e.s.writeTimeout))
+	if errors.Is(err, http.ErrNotSupported) {
+		e.deadlines = false
+		e.s.log.Warn().Str("agent", e.agent).Msg("Stream writes cannot have a deadline; a client that stops reading keeps its stream")
+		return true
+	}
+	return err == nil
+}
+
+// start sends the stream's headers.
+func (e *sse) start() bool {
+	h := e.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	if !e.renew() {
+		return false
+	}
+	e.w.WriteHeader(http.StatusOK)
+	return e.rc.Flush() == nil
+}
+
+// send writes b and flushes it, within a renewed deadline.
+func (e *sse) send(b []byte) bool {
+	if !e.renew() {
+		return false
+	}
+	_, err := e.w.Write(b)
+	return err == nil && e.rc.Flush() == nil
+}
+
 // stream serves the principal's pending work as server-sent events: one
 // event per pending item, its receipt position as the event ID, then each
 // item a commit adds. A client resumes behind the last item it saw with
@@ -31,47 +100,18 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 	if !ok {
 		return
 	}
-	streams := s.streams[name]
-	select {
-	case streams <- struct{}{}:
-		defer func() { <-streams }()
-	default:
-		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "too many pending streams are open")
-		return
-	}
 	ctx := r.Context()
 	// Subscribed before the first read, so a commit between a read and the
 	// wait still wakes the stream.
 	sub := a.Hints.Subscribe(a.Store.Principal().String())
 	defer sub.Close()
-
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	rc := http.NewResponseController(w)
-	// A write deadline is on the connection's clock, the wall clock. It is
-	// renewed before each page and heartbeat. A writer that cannot take one
-	// (a wrapper that hides the connection) is served without.
-	deadlines := true
-	renew := func() bool {
-		if !deadlines {
-			return true
-		}
-		err := rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
-		if errors.Is(err, http.ErrNotSupported) {
-			deadlines = false
-			s.log.Warn().Str("agent", name).Msg("Pending stream writes cannot have a deadline; a client that stops reading keeps its stream")
-			return true
-		}
-		return err == nil
-	}
-	if !renew() {
+	ev, ok := s.openSSE(w, name)
+	if !ok {
 		return
 	}
-	w.WriteHeader(http.StatusOK)
-	if rc.Flush() != nil {
+	defer ev.close()
+	rc, renew := ev.rc, ev.renew
+	if !ev.start() {
 		return
 	}
 	heartbeat := time.NewTicker(s.heartbeat)
@@ -117,10 +157,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 		select {
 		case <-sub.C():
 		case <-heartbeat.C:
-			if !renew() {
-				return
-			}
-			if _, err := w.Write([]byte(": keepalive\n\n")); err != nil || rc.Flush() != nil {
+			if !ev.send([]byte(": keepalive\n\n")) {
 				return
 			}
 		case <-ctx.Done():

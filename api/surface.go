@@ -89,6 +89,20 @@ func findReaction(ctx context.Context, st journal.Outbox, eventID, key string) (
 
 var errTooManyGenerations = errors.New("the reaction was added and withdrawn too many times")
 
+// reactionAt is findReaction for a route; on false the answer is written.
+func (s *server) reactionAt(w http.ResponseWriter, r *http.Request, name string, a Agent, eventID, key string) (reaction, bool) {
+	at, err := findReaction(r.Context(), a.Store, eventID, key)
+	switch {
+	case errors.Is(err, errTooManyGenerations):
+		writeError(w, http.StatusConflict, codeConflict, err.Error())
+		return at, false
+	case err != nil:
+		s.fail(w, r, name, err)
+		return at, false
+	}
+	return at, true
+}
+
 // reactTarget reads the event a reaction route names.
 func (s *server) reactTarget(w http.ResponseWriter, r *http.Request, name string, a Agent) (journal.AdmittedEvent, string, string, bool) {
 	eventID := r.PathValue("event_id")
@@ -122,13 +136,9 @@ func (s *server) react(w http.ResponseWriter, r *http.Request, name string, a Ag
 	}
 	// One lock for every generation of the event's reactions.
 	defer s.lock(name, eventID)()
-	at, err := findReaction(r.Context(), a.Store, eventID, key)
+	at, ok := s.reactionAt(w, r, name, a, eventID, key)
 	switch {
-	case errors.Is(err, errTooManyGenerations):
-		writeError(w, http.StatusConflict, codeConflict, err.Error())
-		return
-	case err != nil:
-		s.fail(w, r, name, err)
+	case !ok:
 		return
 	case at.exists:
 		writeJSON(w, http.StatusOK, delivered(a.Store.Principal(), at.row, "replayed"))
@@ -154,13 +164,9 @@ func (s *server) unreact(w http.ResponseWriter, r *http.Request, name string, a 
 	st := a.Store
 	// One lock for every generation of the event's reactions.
 	defer s.lock(name, eventID)()
-	at, err := findReaction(ctx, st, eventID, key)
+	at, ok := s.reactionAt(w, r, name, a, eventID, key)
 	switch {
-	case errors.Is(err, errTooManyGenerations):
-		writeError(w, http.StatusConflict, codeConflict, err.Error())
-		return
-	case err != nil:
-		s.fail(w, r, name, err)
+	case !ok:
 		return
 	case !at.exists && at.generation == 0:
 		writeError(w, http.StatusNotFound, codeNotFound, "the agent has no such reaction on this event")
@@ -417,37 +423,20 @@ func (s *server) media(w http.ResponseWriter, r *http.Request, name string, a Ag
 }
 
 // changes streams the rooms whose conversation a commit changed, as
-// server-sent events: "change" with {"room_id", "position"} once per room
+// server-sent events: "change" with {"room_id"} once per room
 // per wake-up, and "resync" when changes may have been missed (every room
 // may have changed). It is a wake-up, never the payload: the client reads
 // the conversation again.
 func (s *server) changes(w http.ResponseWriter, r *http.Request, name string, a Agent) {
-	streams := s.streams[name]
-	select {
-	case streams <- struct{}{}:
-		defer func() { <-streams }()
-	default:
-		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "too many streams are open")
-		return
-	}
 	ctx := r.Context()
 	sub := a.Hints.SubscribeRooms(a.Store.Principal().String())
 	defer sub.Close()
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	rc := http.NewResponseController(w)
-	renew := func() bool {
-		err := rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
-		return err == nil || errors.Is(err, http.ErrNotSupported)
-	}
-	if !renew() {
+	ev, ok := s.openSSE(w, name)
+	if !ok {
 		return
 	}
-	w.WriteHeader(http.StatusOK)
-	if _, err := w.Write([]byte(": changes\n\n")); err != nil || rc.Flush() != nil {
+	defer ev.close()
+	if !ev.start() || !ev.send([]byte(": changes\n\n")) {
 		return
 	}
 	heartbeat := time.NewTicker(s.heartbeat)
@@ -468,20 +457,11 @@ func (s *server) changes(w http.ResponseWriter, r *http.Request, name string, a 
 				buf = append(buf, data...)
 				buf = append(buf, "\n\n"...)
 			}
-			if len(buf) == 0 {
-				continue
-			}
-			if !renew() {
-				return
-			}
-			if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
+			if len(buf) > 0 && !ev.send(buf) {
 				return
 			}
 		case <-heartbeat.C:
-			if !renew() {
-				return
-			}
-			if _, err := w.Write([]byte(": keepalive\n\n")); err != nil || rc.Flush() != nil {
+			if !ev.send([]byte(": keepalive\n\n")) {
 				return
 			}
 		case <-ctx.Done():
