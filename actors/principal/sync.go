@@ -321,8 +321,8 @@ func recovered(room string, newestFirst []json.RawMessage) []journal.Inbound {
 // (kicked, banned, or it left from elsewhere) while no sync showed it: a
 // daemon that was down, or a timeline too long to hold the removal. The
 // fence goes first, so nothing of the old membership is answered in the
-// next one. The observation is keyed by the epoch the invite ended, so a
-// batch fetched again after a crash fences nothing twice. A room the
+// next one. The observation is keyed by the room and the epoch the invite
+// ended, so a batch fetched again after a crash fences nothing twice. A room the
 // journal never heard of reads as joined at epoch 0: fencing it only
 // records the room, which the join then enters.
 //
@@ -346,7 +346,9 @@ func (a *principalActor) fenceInvited(ctx context.Context, room string) error {
 		if live = a.acceptedAt(room, epoch); live {
 			return nil
 		}
-		outcome, err = a.members.fence(ctx, room, journal.DepartureRemoved, "invite@"+strconv.FormatInt(epoch, 10))
+		// Observations are keyed per principal, not per room: the room is
+		// part of the key, or one room's fence would pass for another's.
+		outcome, err = a.members.fence(ctx, room, journal.DepartureRemoved, "invite@"+room+"@"+strconv.FormatInt(epoch, 10))
 		return err
 	})
 	if err != nil {

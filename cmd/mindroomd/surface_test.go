@@ -326,6 +326,28 @@ func TestTheRoomListAndMembersShowTheAgentsRooms(t *testing.T) {
 	}
 }
 
+// Rooms the agent was invited to alike, before it started, and joined and
+// never left, are listed under the same membership epoch: an epoch moves
+// on only when a membership ends, and each room's membership is its own.
+func TestRoomsJoinedAlikeAreListedUnderTheSameEpoch(t *testing.T) {
+	s := startSurfaceAgentIn(t, "twins", 2)
+	for _, room := range s.rooms {
+		s.say(room, "a question")
+	}
+	var list struct {
+		Rooms []struct {
+			RoomID string `json:"room_id"`
+			Epoch  int64  `json:"epoch"`
+		} `json:"rooms"`
+	}
+	if code := s.call("GET", "/rooms", "", &list); code != http.StatusOK || len(list.Rooms) != 2 {
+		t.Fatalf("rooms = %d %+v, want the agent's two rooms", code, list.Rooms)
+	}
+	if list.Rooms[0].Epoch != list.Rooms[1].Epoch {
+		t.Fatalf("two rooms joined alike are listed under different epochs: %+v", list.Rooms)
+	}
+}
+
 // An image a person uploads and sends is shown to the agent as an
 // attachment, and the media route gives it the very bytes, as the type
 // they were uploaded as. A file the homeserver does not have is not found.
