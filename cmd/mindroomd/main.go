@@ -150,6 +150,7 @@ var commands = []struct{ name, summary string }{
 	{"status", "summarise the journal: pending work, replies by state, sync age, file sizes"},
 	{"export", "write one conversation, oldest message first, as the agent API's export does"},
 	{"backup", "write a consistent copy of the journal to a new file, beside a running daemon"},
+	{"mcp", "serve one agent's tools over the Model Context Protocol on stdin and stdout, through the daemon's API"},
 	{"version", "print the version"},
 	{"help", "print this help, or a command's: help <command>"},
 }
@@ -185,6 +186,7 @@ type Main struct {
 	journal journalFlags
 	to      string
 	export  exportOptions
+	mcp     *mcpCommand
 }
 
 // NewMain returns a Main writing its output to out, and the daemon's log
@@ -230,6 +232,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		fs.StringVar(&m.export.tokenFile, "token-file", "",
 			"a file holding the agent's API token (default: $"+envAPIToken+", else the agent's api_token_file)")
 		fs.BoolVar(&m.export.offline, "offline", false, "read the journal itself, read-only, instead of asking the daemon")
+	case "mcp":
+		m.mcp = newMCPCommand(m, fs)
 	case "version":
 	default:
 		return &usageError{err: fmt.Errorf("unknown command %q", m.command)}
@@ -286,6 +290,8 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 		return runBackup(ctx, m.out, cfg, m.to)
+	case "mcp":
+		return m.mcp.Run(ctx)
 	}
 	return nil
 }
