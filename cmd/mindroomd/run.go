@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +31,7 @@ import (
 	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
+	"github.com/mindroomd/mindroomd/mcpserver"
 	"github.com/mindroomd/mindroomd/metrics"
 	"github.com/mindroomd/mindroomd/receipts"
 	"github.com/mindroomd/mindroomd/store"
@@ -321,8 +324,13 @@ func (d *daemon) serve(listen string) (string, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metricsAccess(l.Addr(), d.metrics.Handler()))
-	mux.Handle("/", api.New(api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger(),
-		MaxMedia: d.mediaMax}))
+	agentAPI := api.New(api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger(),
+		MaxMedia: d.mediaMax})
+	// MCP over streamable HTTP calls the same API in memory, with each
+	// request's own bearer token.
+	mux.Handle("/v1/agents/{agent}/mcp", mcpserver.Handler(agentAPI, slices.Sorted(maps.Keys(d.apiAgents)),
+		d.log.With().Str("component", "mcp").Logger()))
+	mux.Handle("/", agentAPI)
 	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := d.server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
