@@ -18,7 +18,7 @@ const (
 		COALESCE((SELECT MAX(v.created_ts) FROM visible_messages v WHERE v.room = r.id AND v.thread_id = ''), 0),
 		(SELECT COUNT(*) FROM journal_events e WHERE e.principal = r.principal AND e.state = 0 AND e.room_id = r.room_id)
 		FROM rooms r WHERE r.principal = $1 ORDER BY r.room_id`
-	deleteOwedRoom    = `DELETE FROM owed_departure_reports WHERE principal = $1 AND room_id = $2`
+	deleteOwedRoom = `DELETE FROM owed_departure_reports WHERE principal = $1 AND room_id = $2`
 
 	// The fence removes what was derived from the ended membership: the
 	// visible rows, held edits, tombstones and coverage markers. Attempted

@@ -19,7 +19,7 @@ const (
 		COALESCE((SELECT MAX(v.created_ts) FROM visible_messages v WHERE v.room = r.id AND v.thread_id = ''), 0),
 		(SELECT COUNT(*) FROM journal_events e WHERE e.principal = r.principal AND e.state = 0 AND e.room_id = r.room_id)
 		FROM rooms r WHERE r.principal = ? ORDER BY r.room_id`
-	deleteOwedRoom    = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ?`
+	deleteOwedRoom = `DELETE FROM owed_departure_reports WHERE principal = ? AND room_id = ?`
 	// The merged rows are found through the page index, the unmerged tail
 	// by its seq range; the delete trigger takes their index entries.
 	fenceVisible = `DELETE FROM visible_messages WHERE seq IN
