@@ -411,7 +411,8 @@ func TestTheChangesStreamNamesEachRoomACommitTouched(t *testing.T) {
 func TestAnEncryptedRoomsFileIsServedDecryptedAndATamperedOneRefused(t *testing.T) {
 	fx, hs := surfaceFixture(t, nil)
 	ef := mxattachment.NewEncryptedFile()
-	cipher := ef.Encrypt(fakeMediaBytes)
+	cipher := bytes.Clone(fakeMediaBytes)
+	ef.EncryptInPlace(cipher)
 	tampered := bytes.Clone(cipher)
 	tampered[0] ^= 1
 	hs.files = map[string][]byte{"sealed": cipher, "altered": tampered}
