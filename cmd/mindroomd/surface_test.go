@@ -559,6 +559,30 @@ func (s *surfaceAgent) fetch(path string) (int, http.Header, []byte) {
 // decodes the JSON answer into out.
 func (s *surfaceAgent) postFile(path, message, filename, contentType string, data []byte, out any) int {
 	s.t.Helper()
+	code, raw := postMultipart(s.t, s.ctx, s.base+path, s.token, nil, message, filename, contentType, data)
+	if err := json.Unmarshal(raw, out); err != nil {
+		s.t.Fatalf("POST %s: %d %s: %v", path, code, raw, err)
+	}
+	return code
+}
+
+// postMultipart POSTs message and a file to url as multipart/form-data,
+// with header's fields too, and returns the answer.
+func postMultipart(t *testing.T, ctx context.Context, url, token string, header http.Header, message, filename,
+	contentType string, data []byte) (int, []byte) {
+	t.Helper()
+	req, err := multipartRequest(ctx, url, header, message, filename, contentType, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, _, raw := surfaceDo(t, req, token)
+	return code, raw
+}
+
+// multipartRequest is a POST of message and a file to url as
+// multipart/form-data, with header's fields too.
+func multipartRequest(ctx context.Context, url string, header http.Header, message, filename, contentType string,
+	data []byte) (*http.Request, error) {
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
 	part, err := mw.CreateFormField("message")
@@ -578,18 +602,17 @@ func (s *surfaceAgent) postFile(path, message, filename, contentType string, dat
 		err = mw.Close()
 	}
 	if err != nil {
-		s.t.Fatal(err)
+		return nil, err
 	}
-	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.base+path, &buf)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, &buf)
 	if err != nil {
-		s.t.Fatal(err)
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", mw.FormDataContentType())
-	code, _, raw := surfaceDo(s.t, req, s.token)
-	if err := json.Unmarshal(raw, out); err != nil {
-		s.t.Fatalf("POST %s: %d %s: %v", path, code, raw, err)
-	}
-	return code
+	return req, nil
 }
 
 // surfaceDo makes req with the agent's token and returns the answer whole.
