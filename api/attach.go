@@ -173,19 +173,21 @@ func sniff(path string) string {
 	return mt
 }
 
-// attachmentContent is the content of a message carrying u, with url its
-// mxc:// URI ("" for the comparison with an earlier send of the same
-// request, made before any upload).
-func attachmentContent(u *upload, url, caption string) (json.RawMessage, error) {
-	if url == "" {
-		url = "mxc://pending/upload"
+// attachmentContent is the content of a message carrying u, uploaded as
+// att (the zero Attachment for the comparison with an earlier send of the
+// same request, made before any upload).
+func attachmentContent(u *upload, att journal.Attachment, caption string) (json.RawMessage, error) {
+	if att.URL == "" {
+		att.URL = "mxc://pending/upload"
 	}
-	return journal.AttachmentContent(journal.Attachment{URL: url, Name: u.name, MimeType: u.mimeType, Size: u.size}, caption)
+	att.Name, att.MimeType, att.Size = u.name, u.mimeType, u.size
+	return journal.AttachmentContent(att, caption)
 }
 
-// sameButURL compares two message contents as sameJSON does, except the
-// attachment's URL: a request sent again uploads nothing and is compared
-// with what the first one sent.
+// sameButURL compares two message contents as sameJSON does, except where
+// the file went (its URL, and its key when it was encrypted): a request
+// sent again uploads nothing and is compared with what the first one
+// sent.
 func sameButURL(recorded, fresh json.RawMessage) (bool, error) {
 	strip := func(b json.RawMessage) (json.RawMessage, error) {
 		var c map[string]json.RawMessage
@@ -193,6 +195,7 @@ func sameButURL(recorded, fresh json.RawMessage) (bool, error) {
 			return nil, err
 		}
 		delete(c, "url")
+		delete(c, "file")
 		return json.Marshal(c)
 	}
 	a, err := strip(recorded)

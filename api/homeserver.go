@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/mindroomd/mindroomd/journal"
 )
 
 // Homeserver is what an agent's routes ask of the homeserver directly, as
@@ -25,8 +27,10 @@ type Homeserver interface {
 	// Download streams a file the homeserver holds, refusing one larger
 	// than maxBytes.
 	Download(ctx context.Context, server, mediaID string, maxBytes int64) (*Media, error)
-	// Upload stores a file of size bytes and returns its mxc:// URI.
-	Upload(ctx context.Context, contentType, filename string, body io.Reader, size int64) (string, error)
+	// Upload stores a file of size bytes for a message into room and
+	// returns it as the message carries it: encrypted first in an
+	// encrypted room, its key then in Attachment.File.
+	Upload(ctx context.Context, room, contentType, filename string, body io.Reader, size int64) (journal.Attachment, error)
 }
 
 // RoomSummary is what the homeserver says of a room.

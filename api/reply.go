@@ -58,7 +58,7 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 	}
 	answer, err := textContent("m.text", req.Body)
 	if file != nil {
-		answer, err = attachmentContent(file, "", req.Body)
+		answer, err = attachmentContent(file, journal.Attachment{}, req.Body)
 	}
 	if err != nil {
 		s.fail(w, r, name, err)
@@ -94,11 +94,11 @@ func (s *server) reply(w http.ResponseWriter, r *http.Request, name string, a Ag
 	if file != nil {
 		// Uploaded before the answer is recorded: a crash in between
 		// leaves an orphan file on the homeserver, never a second message.
-		url, ok := s.upload(w, r, name, a, file)
+		att, ok := s.upload(w, r, name, a, e.RoomID, file)
 		if !ok {
 			return
 		}
-		if answer, err = attachmentContent(file, url, req.Body); err != nil {
+		if answer, err = attachmentContent(file, att, req.Body); err != nil {
 			s.fail(w, r, name, err)
 			return
 		}

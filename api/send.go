@@ -108,10 +108,10 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, name string, a Age
 			return
 		}
 	}
-	build := func(url string) (journal.EnqueueRequest, error) {
+	build := func(att journal.Attachment) (journal.EnqueueRequest, error) {
 		content, err := textContent(req.Msgtype, req.Body)
 		if file != nil {
-			content, err = attachmentContent(file, url, req.Body)
+			content, err = attachmentContent(file, att, req.Body)
 		}
 		if err != nil {
 			return journal.EnqueueRequest{}, err
@@ -119,7 +119,7 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, name string, a Age
 		return journal.SendRequest(room, key, content, thread, req.ReplyTo, replyFormat(req.Format))
 	}
 	st := a.Store
-	enq, err := build("")
+	enq, err := build(journal.Attachment{})
 	if err != nil {
 		s.fail(w, r, name, err)
 		return
@@ -145,11 +145,11 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, name string, a Age
 		// Uploaded before the enqueue: a crash in between leaves an
 		// orphan file on the homeserver, never a second message, since
 		// the message exists only once the enqueue commits.
-		url, ok := s.upload(w, r, name, a, file)
+		att, ok := s.upload(w, r, name, a, room, file)
 		if !ok {
 			return
 		}
-		if enq, err = build(url); err != nil {
+		if enq, err = build(att); err != nil {
 			s.fail(w, r, name, err)
 			return
 		}
@@ -191,19 +191,20 @@ func (s *server) replaySend(w http.ResponseWriter, r *http.Request, name string,
 	writeJSON(w, http.StatusOK, delivered(p, d, "replayed"))
 }
 
-// upload hands a spooled file to the homeserver and returns its mxc://
-// URI; on false the answer is written.
-func (s *server) upload(w http.ResponseWriter, r *http.Request, name string, a Agent, u *upload) (string, bool) {
+// upload hands a spooled file to the homeserver, for a message into room,
+// and returns it as the message carries it; on false the answer is
+// written.
+func (s *server) upload(w http.ResponseWriter, r *http.Request, name string, a Agent, room string, u *upload) (journal.Attachment, bool) {
 	f, err := u.open()
 	if err == nil {
 		defer f.Close()
-		var url string
-		if url, err = a.Homeserver.Upload(r.Context(), u.mimeType, u.name, f, u.size); err == nil {
-			return url, true
+		var att journal.Attachment
+		if att, err = a.Homeserver.Upload(r.Context(), room, u.mimeType, u.name, f, u.size); err == nil {
+			return att, true
 		}
 	}
 	s.failUpstream(w, r, name, err)
-	return "", false
+	return journal.Attachment{}, false
 }
 
 // readMessage reads a request's JSON object into v: the body, or the

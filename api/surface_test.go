@@ -84,18 +84,18 @@ func (h *fakeHomeserver) Download(_ context.Context, server, mediaID string, _ i
 		Filename: "pic.png"}, nil
 }
 
-func (h *fakeHomeserver) Upload(_ context.Context, _, _ string, body io.Reader, size int64) (string, error) {
+func (h *fakeHomeserver) Upload(_ context.Context, _, _, _ string, body io.Reader, size int64) (journal.Attachment, error) {
 	b, err := io.ReadAll(body)
 	if err != nil {
-		return "", err
+		return journal.Attachment{}, err
 	}
 	if int64(len(b)) != size {
-		return "", errors.New("size differs from the body")
+		return journal.Attachment{}, errors.New("size differs from the body")
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.uploads = append(h.uploads, b)
-	return "mxc://example.org/upload" + string(rune('a'+len(h.uploads))), nil
+	return journal.Attachment{URL: "mxc://example.org/upload" + string(rune('a'+len(h.uploads)))}, nil
 }
 
 // surfaceFixture is the API fixture with a fake homeserver for alpha.

@@ -111,6 +111,11 @@ func (m *memCrypto) decrypt(ctx context.Context, room string, raw json.RawMessag
 	return clear.Content.VeryRaw, nil
 }
 
+// Encrypts implements matrix.Encrypter from the kept room state.
+func (m *memCrypto) Encrypts(ctx context.Context, room string) (bool, error) {
+	return m.state.IsEncrypted(ctx, id.RoomID(room))
+}
+
 // Seal implements matrix.Encrypter as e2ee.Machine.Seal does: in an
 // encrypted room the event goes out under the room's megolm session,
 // whose key is shared with the joined and invited members' devices first

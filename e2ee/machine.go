@@ -484,6 +484,14 @@ func (m *Machine) Seal(ctx context.Context, room, eventType string, content json
 	return event.EventEncrypted.Type, out, nil
 }
 
+// Encrypts implements matrix.Encrypter: whether Seal would encrypt what
+// goes into room.
+func (m *Machine) Encrypts(ctx context.Context, room string) (bool, error) {
+	m.op.Lock()
+	defer m.op.Unlock()
+	return m.encrypted(ctx, id.RoomID(room))
+}
+
 // encrypted reports whether room is encrypted. The kept room state may
 // not say so (a crypto store restored from a copy older than the
 // journal, whose sync will not show the room's state again): a room it

@@ -191,6 +191,10 @@ func UnreactRequest(roomID, eventID, key string, generation int, reactionEventID
 type Attachment struct {
 	// URL is the file's mxc:// URI.
 	URL string
+	// File, for a file encrypted before its upload (a file of an
+	// encrypted room), is its key as the message carries it: the
+	// encrypted-file object without its url, which the content adds.
+	File json.RawMessage
 	// Name is the file's name, shown by clients without a caption.
 	Name string
 	// MimeType and Size describe the file (Size in bytes).
@@ -212,7 +216,8 @@ func AttachmentMsgtype(mimeType string) string {
 	return "m.file"
 }
 
-// AttachmentContent is the content of a message carrying a: its caption is
+// AttachmentContent is the content of a message carrying a (in "file"
+// when a is encrypted, in "url" otherwise): its caption is
 // the body when there is one (the file's name then goes in filename, as
 // Matrix captions are spelled), the file's name otherwise.
 func AttachmentContent(a Attachment, caption string) (json.RawMessage, error) {
@@ -224,8 +229,18 @@ func AttachmentContent(a Attachment, caption string) (json.RawMessage, error) {
 		name = "file"
 	}
 	c := map[string]any{
-		"msgtype": AttachmentMsgtype(a.MimeType), "url": a.URL,
-		"info": map[string]any{"mimetype": a.MimeType, "size": a.Size},
+		"msgtype": AttachmentMsgtype(a.MimeType),
+		"info":    map[string]any{"mimetype": a.MimeType, "size": a.Size},
+	}
+	if len(a.File) > 0 {
+		var file map[string]any
+		if err := json.Unmarshal(a.File, &file); err != nil || file == nil {
+			return nil, fmt.Errorf("%w: an attachment's key must be a JSON object", ErrInvalidArgument)
+		}
+		file["url"] = a.URL
+		c["file"] = file
+	} else {
+		c["url"] = a.URL
 	}
 	if caption != "" {
 		c["body"], c["filename"] = caption, name

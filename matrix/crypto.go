@@ -18,6 +18,9 @@ type Encrypter interface {
 	// never lets plaintext through into an encrypted room: a room it
 	// cannot encrypt for is an error.
 	Seal(ctx context.Context, room, eventType string, content json.RawMessage) (string, json.RawMessage, error)
+	// Encrypts reports whether what goes into room is encrypted, as Seal
+	// decides it; a room it cannot tell about is an error.
+	Encrypts(ctx context.Context, room string) (bool, error)
 }
 
 // SetEncrypter has every later Send sealed by e. Set it before the client

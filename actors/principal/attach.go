@@ -16,9 +16,10 @@ import (
 	"github.com/mindroomd/mindroomd/matrix"
 )
 
-// uploader is a Transport that can upload a file (*matrix.Client).
+// uploader is a Transport that can upload a file for a message into a
+// room, encrypted there when the room is (*matrix.Client).
 type uploader interface {
-	Upload(ctx context.Context, contentType, filename string, body io.Reader, size int64) (string, error)
+	UploadFor(ctx context.Context, room, contentType, filename string, body io.Reader, size int64) (journal.Attachment, error)
 }
 
 // unsendable is why an attachment can never be sent as it is: retrying
@@ -49,7 +50,7 @@ func (a *principalActor) attachment(ctx context.Context, e journal.PendingEvent,
 	if name == "" {
 		name = filepath.Base(f.Path)
 	}
-	content, err := a.upload(ctx, f, name)
+	content, err := a.upload(ctx, e.RoomID, f, name)
 	var u *unsendable
 	if !errors.As(err, &u) {
 		return content, err
@@ -64,7 +65,7 @@ func (a *principalActor) attachment(ctx context.Context, e journal.PendingEvent,
 }
 
 // upload reads the file, uploads it and returns its message's content.
-func (a *principalActor) upload(ctx context.Context, f *agent.File, name string) (json.RawMessage, error) {
+func (a *principalActor) upload(ctx context.Context, room string, f *agent.File, name string) (json.RawMessage, error) {
 	up, ok := a.deps.Transport.(uploader)
 	if !ok {
 		return nil, &unsendable{reason: "this daemon cannot upload files", err: errors.New("the transport has no upload")}
@@ -78,7 +79,7 @@ func (a *principalActor) upload(ctx context.Context, f *agent.File, name string)
 	if mimeType == "" {
 		mimeType = http.DetectContentType(data)
 	}
-	mxc, err := up.Upload(ctx, mimeType, name, bytes.NewReader(data), int64(len(data)))
+	att, err := up.UploadFor(ctx, room, mimeType, name, bytes.NewReader(data), int64(len(data)))
 	var refused *matrix.HTTPError
 	switch {
 	case err == nil:
@@ -92,8 +93,7 @@ func (a *principalActor) upload(ctx context.Context, f *agent.File, name string)
 	default:
 		return nil, fmt.Errorf("upload attachment: %w", err)
 	}
-	return journal.AttachmentContent(journal.Attachment{URL: mxc, Name: name, MimeType: mimeType,
-		Size: int64(len(data))}, f.Caption)
+	return journal.AttachmentContent(att, f.Caption)
 }
 
 // readFile reads the regular file at path, refusing one larger than limit.

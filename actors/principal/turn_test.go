@@ -45,18 +45,18 @@ type fakeTransport struct {
 	onTyping func(typingCall)
 }
 
-func (f *fakeTransport) Upload(_ context.Context, contentType, filename string, body io.Reader, size int64) (string, error) {
+func (f *fakeTransport) UploadFor(_ context.Context, _, contentType, filename string, body io.Reader, size int64) (journal.Attachment, error) {
 	b, err := io.ReadAll(body)
 	if err != nil {
-		return "", err
+		return journal.Attachment{}, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.uploads = append(f.uploads, upload{contentType, filename, b, size})
 	if f.uploadErr != nil {
-		return "", f.uploadErr
+		return journal.Attachment{}, f.uploadErr
 	}
-	return "mxc://example.org/uploaded", nil
+	return journal.Attachment{URL: "mxc://example.org/uploaded", Name: filename, MimeType: contentType, Size: size}, nil
 }
 
 func (f *fakeTransport) Typing(_ context.Context, _ string, typing bool, timeout time.Duration) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/receipts"
 )
@@ -60,9 +61,9 @@ func (h homeserver) Download(ctx context.Context, server, mediaID string, maxByt
 }
 
 // Upload implements api.Homeserver.
-func (h homeserver) Upload(ctx context.Context, contentType, filename string, body io.Reader, size int64) (string, error) {
-	url, err := h.c.Upload(ctx, contentType, filename, body, size)
-	return url, upstream(err)
+func (h homeserver) Upload(ctx context.Context, room, contentType, filename string, body io.Reader, size int64) (journal.Attachment, error) {
+	att, err := h.c.UploadFor(ctx, room, contentType, filename, body, size)
+	return att, upstream(err)
 }
 
 // mediaBody is a download's body whose cap is the API's error.
