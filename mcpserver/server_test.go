@@ -95,8 +95,8 @@ func (homeserver) JoinedMembers(context.Context, string) ([]api.Member, error) {
 func (homeserver) Download(context.Context, string, string, int64) (*api.Media, error) {
 	return nil, errors.New("no media here")
 }
-func (homeserver) Upload(context.Context, string, string, io.Reader, int64) (string, error) {
-	return "", errors.New("no media here")
+func (homeserver) Upload(context.Context, string, string, string, io.Reader, int64) (journal.Attachment, error) {
+	return journal.Attachment{}, errors.New("no media here")
 }
 
 // called reports whether the API was asked for a path ending in suffix.
