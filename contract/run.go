@@ -25,6 +25,7 @@ func Run(t *testing.T, f Factory) {
 		{"Hydration", TestHydration},
 		{"AwaitingKeys", TestAwaitingKeys},
 		{"RoomList", TestRoomList},
+		{"Approvals", TestApprovals},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) { a.run(t, f) })

@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -41,6 +42,9 @@ var (
 	ErrCallConflict = errors.New("the call ID names a different call")
 	// ErrNoApproval reports a call ID never asked for.
 	ErrNoApproval = errors.New("no such approval")
+	// ErrNotPending refuses a request for an event that no longer owes its
+	// turn.
+	ErrNotPending = errors.New("event not pending")
 )
 
 // ApprovalState is where an approval is.
@@ -137,7 +141,8 @@ func CallHash(tool string, arguments json.RawMessage) (string, error) {
 }
 
 // ValidateApproval refuses a request the ledger must not take: each field
-// is checked before anything is stored. now bounds the expiry.
+// is checked before anything is stored, and the expiry must be after now.
+// How far ahead a caller may set it is the caller's rule (ValidExpiry).
 func ValidateApproval(r ApprovalRequest, now time.Time) error {
 	switch {
 	case !ValidEventID(r.EventID):
@@ -150,8 +155,6 @@ func ValidateApproval(r ApprovalRequest, now time.Time) error {
 		return fmt.Errorf("%w: at most %d approvers", ErrInvalidArgument, MaxApprovers)
 	case r.ExpiresMS <= now.UnixMilli():
 		return fmt.Errorf("%w: expires is not in the future", ErrInvalidArgument)
-	case r.ExpiresMS > now.Add(MaxApprovalWindow).UnixMilli():
-		return fmt.Errorf("%w: expires is more than %s ahead", ErrInvalidArgument, MaxApprovalWindow)
 	case len(r.Rendering) > MaxRenderingBytes:
 		return fmt.Errorf("%w: rendering is larger than %d bytes", ErrInvalidArgument, MaxRenderingBytes)
 	}
@@ -162,6 +165,18 @@ func ValidateApproval(r ApprovalRequest, now time.Time) error {
 	}
 	if _, err := CallHash(r.Tool, r.Arguments); err != nil {
 		return err
+	}
+	return nil
+}
+
+// ValidExpiry refuses an expiry a caller may not ask for: not after now,
+// or more than MaxApprovalWindow ahead.
+func ValidExpiry(expiresMS int64, now time.Time) error {
+	switch {
+	case expiresMS <= now.UnixMilli():
+		return fmt.Errorf("%w: expires is not in the future", ErrInvalidArgument)
+	case expiresMS > now.Add(MaxApprovalWindow).UnixMilli():
+		return fmt.Errorf("%w: expires is more than %s ahead", ErrInvalidArgument, MaxApprovalWindow)
 	}
 	return nil
 }
@@ -359,6 +374,56 @@ func JudgeVote(a Approval, cardEventID string, v Vote, member bool, nowMS int64)
 		return VoteIgnored
 	}
 	return VoteDecides
+}
+
+// ApprovalDecision is a decision as the ledger writes it.
+type ApprovalDecision struct {
+	State ApprovalState
+	// By is the approver who decided; "" for an expiry or a withdrawal.
+	By string
+	// EventID is the vote that decided, if one did.
+	EventID string
+	// Reason says why an approval was withdrawn or expired.
+	Reason string
+	// Settle are events settled with the decision: the vote, which is
+	// never work for the agent.
+	Settle []string
+}
+
+// ApprovalOutcome says what a request did.
+type ApprovalOutcome uint8
+
+// Approval request outcomes.
+const (
+	// ApprovalCreated recorded the request and enqueued its card.
+	ApprovalCreated ApprovalOutcome = iota + 1
+	// ApprovalReplayed found the same request recorded.
+	ApprovalReplayed
+)
+
+// Approvals is the tool-approval ledger of one principal.
+type Approvals interface {
+	// RequestApproval records a request and enqueues its card in one
+	// transaction; the same call ID with the same call is the recorded
+	// request (ApprovalReplayed), with another call ErrCallConflict.
+	RequestApproval(ctx context.Context, req ApprovalRequest, keys ApprovalKeys) (Approval, ApprovalOutcome, error)
+	// DecideApproval writes a decision once: decided is false when the
+	// approval was decided before (the vote is then consumed). The card's
+	// edit and the vote's settlement commit with it.
+	DecideApproval(ctx context.Context, callID string, d ApprovalDecision) (a Approval, decided bool, err error)
+	// Approval reads an approval and the event ID its card was
+	// acknowledged as ("" before).
+	Approval(ctx context.Context, callID string) (a Approval, cardEventID string, found bool, err error)
+	// CardApproval finds the approval whose card was acknowledged as
+	// cardEventID.
+	CardApproval(ctx context.Context, cardEventID string) (Approval, bool, error)
+	// ApprovalsForEvent lists the approvals of one event's turn, oldest
+	// first.
+	ApprovalsForEvent(ctx context.Context, eventID string) ([]Approval, error)
+	// OpenApprovals lists a room's undecided approvals.
+	OpenApprovals(ctx context.Context, roomID string) ([]Approval, error)
+	// DueApprovals lists undecided approvals expiring by nowMS.
+	DueApprovals(ctx context.Context, nowMS int64, limit int) ([]Approval, error)
 }
 
 // Decided is a with the decision state made by who with event at nowMS.

@@ -41,7 +41,6 @@ func TestABadApprovalRequestIsRefusedByField(t *testing.T) {
 		{"ArgumentsNotAnObject", func(r *journal.ApprovalRequest) { r.Arguments = json.RawMessage(`[1]`) }, "arguments"},
 		{"ApproverNotAUserID", func(r *journal.ApprovalRequest) { r.Approvers = []string{"alice"} }, "approver"},
 		{"ExpiryInThePast", func(r *journal.ApprovalRequest) { r.ExpiresMS = approvalNow.Add(-time.Second).UnixMilli() }, "expires"},
-		{"ExpiryTooFar", func(r *journal.ApprovalRequest) { r.ExpiresMS = approvalNow.Add(8 * 24 * time.Hour).UnixMilli() }, "expires"},
 		{"NoCallID", func(r *journal.ApprovalRequest) { r.CallID = "" }, "call_id"},
 		{"CallIDWithAControl", func(r *journal.ApprovalRequest) { r.CallID = "a\nb" }, "call_id"},
 		{"NoTool", func(r *journal.ApprovalRequest) { r.Tool = "" }, "tool"},
@@ -63,6 +62,14 @@ func TestABadApprovalRequestIsRefusedByField(t *testing.T) {
 	}
 	if err := journal.ValidateApproval(approvalRequest(), approvalNow); err != nil {
 		t.Fatalf("a good request was refused: %v", err)
+	}
+	for _, c := range []struct {
+		ahead time.Duration
+		ok    bool
+	}{{-time.Second, false}, {0, false}, {time.Minute, true}, {journal.MaxApprovalWindow, true}, {journal.MaxApprovalWindow + time.Second, false}} {
+		if err := journal.ValidExpiry(approvalNow.Add(c.ahead).UnixMilli(), approvalNow); (err == nil) != c.ok {
+			t.Errorf("ValidExpiry(now%+v) = %v, want ok %v", c.ahead, err, c.ok)
+		}
 	}
 }
 

@@ -223,6 +223,7 @@ type PrincipalStore interface {
 	Membership
 	Hydration
 	Keys
+	Approvals
 	// Principal names the principal this view is bound to.
 	Principal() Principal
 }

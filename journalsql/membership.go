@@ -62,6 +62,11 @@ func (f fence) EndMembership(room string) error {
 	if _, err := f.tx.Exec(FencePendingTurnWork, f.p.ID, room); err != nil {
 		return fmt.Errorf("pending work: %w", err)
 	}
+	// An undecided approval of the ended membership is withdrawn for
+	// good: a rejoin never revives it.
+	if err := withdrawApprovalsInRoom(f.tx, f.p, room); err != nil {
+		return fmt.Errorf("approvals: %w", err)
+	}
 	return nil
 }
 

@@ -77,6 +77,18 @@ const (
 	FenceUnattempted     // (updated_ms, principal, room)
 	FencePendingTurnWork // (principal, room)
 
+	// Tool approvals. Rows read are in scanApproval's column order.
+
+	SelectApproval            // (principal, call_id) → an approval
+	SelectApprovalSource      // (principal, EventKey) → room_id, thread_id, pending, payload ('' when settled)
+	InsertApproval            // (principal, call_id, event_id, room, thread, tool, arguments, secret, approvers, rendering, call_hash, card_delivery_id, expires_ms, epoch, created_ms)
+	DecideApprovalRow         // (state, decided_by, decision_event_id, decided_ms, reason, principal, call_id); only while open
+	WithdrawApprovalsInRoom   // (decided_ms, reason, principal, room); the open ones
+	SelectCardApproval        // (principal, card event_id) → an approval
+	SelectApprovalsForEvent   // (principal, event_id) → approvals, oldest first
+	SelectOpenApprovalsInRoom // (principal, room) → open approvals
+	SelectDueApprovals        // (principal, now_ms, limit) → open approvals expiring by now, soonest first
+
 	// Turn records.
 
 	UpsertTurnRecord   // (agent, turn_id, room, state, record, event_id, updated_ms)

@@ -1,0 +1,31 @@
+package sqlitefs
+
+// Tool approvals: the ledger of exact calls a person decides.
+const (
+	approvalColumns = `call_id, event_id, room_id, thread_id, tool, arguments, secret, approvers, rendering,
+		call_hash, expires_ms, epoch, created_ms, state, decided_by, decision_event_id, decided_ms, reason`
+	selectApproval       = `SELECT ` + approvalColumns + ` FROM approvals WHERE principal = ? AND call_id = ?`
+	selectApprovalSource = `SELECT j.room_id, j.thread_id, j.state = 0, coalesce(p.payload, '')
+		FROM journal_events j LEFT JOIN journal_payloads p ON p.seq = j.seq
+		WHERE j.principal = ? AND j.id_hash = ? AND j.event_id = ?`
+	insertApproval = `INSERT INTO approvals (principal, call_id, event_id, room_id, thread_id, tool, arguments, secret,
+		approvers, rendering, call_hash, card_delivery_id, expires_ms, epoch, created_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	decideApprovalRow = `UPDATE approvals SET state = ?, decided_by = ?, decision_event_id = ?, decided_ms = ?, reason = ?
+		WHERE principal = ? AND call_id = ? AND state = 0`
+	withdrawApprovalsInRoom = `UPDATE approvals SET state = 4, decided_ms = ?, reason = ?
+		WHERE principal = ? AND room_id = ? AND state = 0`
+	// The card's delivery is found by its acknowledged event ID through the
+	// partial index of cards, then its approval by the delivery's name.
+	selectCardApproval = `SELECT a.call_id, a.event_id, a.room_id, a.thread_id, a.tool, a.arguments, a.secret,
+		a.approvers, a.rendering, a.call_hash, a.expires_ms, a.epoch, a.created_ms, a.state, a.decided_by,
+		a.decision_event_id, a.decided_ms, a.reason
+		FROM delivery_outbox d JOIN approvals a ON a.principal = d.principal AND a.card_delivery_id = d.delivery_id
+		WHERE d.principal = ? AND d.event_id = ? AND d.delivery_id LIKE 'approval:%' AND d.stage = 1`
+	selectApprovalsForEvent = `SELECT ` + approvalColumns + ` FROM approvals
+		WHERE principal = ? AND event_id = ? ORDER BY created_ms, call_id`
+	selectOpenApprovalsInRoom = `SELECT ` + approvalColumns + ` FROM approvals
+		WHERE principal = ? AND room_id = ? AND state = 0 ORDER BY created_ms, call_id`
+	selectDueApprovals = `SELECT ` + approvalColumns + ` FROM approvals
+		WHERE principal = ? AND state = 0 AND expires_ms <= ? ORDER BY expires_ms LIMIT ?`
+)

@@ -1,0 +1,68 @@
+package store
+
+import (
+	"context"
+
+	"github.com/mindroomd/mindroomd/hint"
+	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
+)
+
+var _ journal.Approvals = (*View)(nil)
+
+// RequestApproval implements journal.Approvals.
+func (v *View) RequestApproval(ctx context.Context, req journal.ApprovalRequest, keys journal.ApprovalKeys) (journal.Approval, journal.ApprovalOutcome, error) {
+	var (
+		a       journal.Approval
+		created bool
+	)
+	err := v.w.Do(ctx, "request approval", len(req.Arguments), func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+		a, created, hints, err = journalsql.RequestApproval(tx, v.p, req, keys)
+		return hints, err
+	})
+	if err != nil {
+		return a, 0, err
+	}
+	if created {
+		return a, journal.ApprovalCreated, nil
+	}
+	return a, journal.ApprovalReplayed, nil
+}
+
+// DecideApproval implements journal.Approvals.
+func (v *View) DecideApproval(ctx context.Context, callID string, d journal.ApprovalDecision) (journal.Approval, bool, error) {
+	var (
+		a       journal.Approval
+		decided bool
+	)
+	err := v.w.Do(ctx, "decide approval", 0, func(tx journalsql.Tx) (hints []hint.Hint, err error) {
+		a, decided, hints, err = journalsql.DecideApproval(tx, v.p, callID, d)
+		return hints, err
+	})
+	return a, decided, err
+}
+
+// Approval implements journal.Approvals.
+func (v *View) Approval(ctx context.Context, callID string) (journal.Approval, string, bool, error) {
+	return journalsql.Approval(ctx, v.r, v.p, callID)
+}
+
+// CardApproval implements journal.Approvals.
+func (v *View) CardApproval(ctx context.Context, cardEventID string) (journal.Approval, bool, error) {
+	return journalsql.CardApproval(ctx, v.r, v.p, cardEventID)
+}
+
+// ApprovalsForEvent implements journal.Approvals.
+func (v *View) ApprovalsForEvent(ctx context.Context, eventID string) ([]journal.Approval, error) {
+	return journalsql.ApprovalsForEvent(ctx, v.r, v.p, eventID)
+}
+
+// OpenApprovals implements journal.Approvals.
+func (v *View) OpenApprovals(ctx context.Context, roomID string) ([]journal.Approval, error) {
+	return journalsql.OpenApprovals(ctx, v.r, v.p, roomID)
+}
+
+// DueApprovals implements journal.Approvals.
+func (v *View) DueApprovals(ctx context.Context, nowMS int64, limit int) ([]journal.Approval, error) {
+	return journalsql.DueApprovals(ctx, v.r, v.p, nowMS, limit)
+}
