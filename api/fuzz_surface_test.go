@@ -71,6 +71,10 @@ func FuzzSend(f *testing.F) {
 			if json.Unmarshal(body, &v) == nil && v != nil {
 				v["key"] = key
 				body, _ = json.Marshal(v)
+				// JSON carries the key as valid UTF-8: what the server is
+				// given is the key as encoded.
+				_ = json.Unmarshal(body, &v)
+				key, _ = v["key"].(string)
 			}
 		}
 		req := fuzzRequest(context.Background(), t, "POST", "/v1/agents/alpha/rooms/"+url.PathEscape(room)+"/send", body)
