@@ -170,4 +170,5 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSend$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
 	$(GO) test -run '^$$' -fuzz '^FuzzReact$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
 	$(GO) test -run '^$$' -fuzz '^FuzzTyping$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzApprovalRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./api/
 	$(GO) test -run '^$$' -fuzz '^FuzzExecReply$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./agent/

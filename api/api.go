@@ -1,6 +1,7 @@
 // Package api is the HTTP API external agents use: they read conversations,
 // take their principal's pending work (a page, a long-poll or a stream),
-// answer it, ignore it, leave rooms and export conversations.
+// answer it, ignore it, leave rooms and export conversations; they ask a
+// person to approve a tool call before it runs.
 //
 // Every /v1 route is scoped to one agent and needs that agent's bearer
 // token: a token reads and answers only its own principal's data. Errors
@@ -25,6 +26,9 @@
 //	GET  /v1/agents/{agent}/rooms/{room_id}/members   a room's joined members
 //	GET  /v1/agents/{agent}/media/{server}/{media_id} a file a message carries
 //	GET  /v1/agents/{agent}/changes                   rooms whose conversation changed, as server-sent events
+//	POST /v1/agents/{agent}/events/{event_id}/approvals           ask a person to approve a tool call
+//	GET  /v1/agents/{agent}/events/{event_id}/approvals           an event's approvals
+//	GET  /v1/agents/{agent}/events/{event_id}/approvals/{call_id} one approval (wait: until it is decided)
 package api
 
 import (
@@ -91,6 +95,18 @@ type Agent struct {
 	// of the homeserver directly: typing, room and member lists, files.
 	// Nil answers those routes 501.
 	Homeserver Homeserver
+	// ApprovalKeys are the reactions an approval card asks for (zero:
+	// journal.DefaultApprovalKeys). They must be the keys the principal
+	// reads votes by.
+	ApprovalKeys journal.ApprovalKeys
+}
+
+// approvalKeys are the reactions the agent's approval cards ask for.
+func (a Agent) approvalKeys() journal.ApprovalKeys {
+	if a.ApprovalKeys == (journal.ApprovalKeys{}) {
+		return journal.DefaultApprovalKeys
+	}
+	return a.ApprovalKeys
 }
 
 // reader is what the agent's conversation pages are read through.
@@ -127,6 +143,9 @@ type Deps struct {
 	// MaxMedia caps a file downloaded or uploaded through the API, in
 	// bytes (default DefaultMaxMedia).
 	MaxMedia int64
+	// Now is the clock an approval's expiry is reckoned by (default
+	// time.Now); it must agree with the journal's.
+	Now func() time.Time
 }
 
 type server struct {
@@ -145,6 +164,7 @@ type server struct {
 	heartbeat    time.Duration
 	exportPage   int
 	maxMedia     int64
+	now          func() time.Time
 }
 
 // New returns the API's handler.
@@ -156,6 +176,10 @@ func New(deps Deps) http.Handler {
 		heartbeat:  deps.Heartbeat,
 		exportPage: deps.ExportPage,
 		maxMedia:   deps.MaxMedia,
+		now:        deps.Now,
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	if s.maxMedia <= 0 {
 		s.maxMedia = DefaultMaxMedia
@@ -205,6 +229,9 @@ func New(deps Deps) http.Handler {
 	mux.HandleFunc("GET /v1/agents/{agent}/rooms/{room_id}/members", s.authed(s.members))
 	mux.HandleFunc("GET /v1/agents/{agent}/media/{server}/{media_id}", s.authed(s.media))
 	mux.HandleFunc("GET /v1/agents/{agent}/changes", s.authed(s.changes))
+	mux.HandleFunc("POST /v1/agents/{agent}/events/{event_id}/approvals", s.authed(s.requestApproval))
+	mux.HandleFunc("GET /v1/agents/{agent}/events/{event_id}/approvals", s.authed(s.listApprovals))
+	mux.HandleFunc("GET /v1/agents/{agent}/events/{event_id}/approvals/{call_id}", s.authed(s.approval))
 	// The mux's own 404 and 405 are plain text; every answer of this API is
 	// JSON, so they are caught and spelled as JSON.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

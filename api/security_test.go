@@ -223,6 +223,13 @@ func viewSnapshot(t *testing.T, v journal.PrincipalStore) string {
 			thread = *ev.Thread
 		}
 		fmt.Fprintf(&b, "admitted %s %v %s %s %v\n", id, seen, ev.RoomID, thread, ev.Pending)
+		approvals, err := v.ApprovalsForEvent(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range approvals {
+			fmt.Fprintf(&b, "approval %s %s %s %s %s\n", id, a.CallID, a.Tool, a.Arguments, a.State)
+		}
 	}
 	for _, room := range secRooms {
 		p, err := v.Read(ctx, journal.ReadRequest{RoomID: room, Limit: 1000})
@@ -248,6 +255,8 @@ type securityProbe struct {
 	ok int
 	// query, when set, follows the path.
 	query string
+	// call fills the pattern's {call_id}.
+	call string
 }
 
 // securityMatrix holds every route api.New serves, by its pattern. A route
@@ -273,6 +282,11 @@ var securityMatrix = map[string]securityProbe{
 	"GET /v1/agents/{agent}/rooms/{room_id}/members":   {room: secAlphaRoom, ok: http.StatusOK},
 	"GET /v1/agents/{agent}/media/{server}/{media_id}": {ok: http.StatusOK},
 	"GET /v1/agents/{agent}/changes":                   {ok: http.StatusOK},
+	"POST /v1/agents/{agent}/events/{event_id}/approvals": {event: "$a1",
+		body: `{"call_id":"c1","tool":"send_mail","arguments":{"to":"bob@example.org"}}`, ok: http.StatusOK},
+	"GET /v1/agents/{agent}/events/{event_id}/approvals": {event: "$a1", ok: http.StatusOK},
+	// Sorted before the POST, it finds no approval to read.
+	"GET /v1/agents/{agent}/events/{event_id}/approvals/{call_id}": {event: "$a1", call: "c1", ok: http.StatusNotFound},
 }
 
 // servedRoutes reads the patterns api.New registers from its source, with
@@ -322,7 +336,8 @@ func routePath(t *testing.T, pattern, agent string, p securityProbe) (method, pa
 		t.Fatalf("route %q has no method", pattern)
 	}
 	r := strings.NewReplacer("{agent}", url.PathEscape(agent), "{room_id}", url.PathEscape(p.room),
-		"{event_id}", url.PathEscape(p.event), "{server}", fakeMediaServer, "{media_id}", fakeMediaID)
+		"{event_id}", url.PathEscape(p.event), "{server}", fakeMediaServer, "{media_id}", fakeMediaID,
+		"{call_id}", url.PathEscape(p.call))
 	path = r.Replace(path) + p.query
 	if strings.ContainsAny(path, "{}") {
 		t.Fatalf("route %q has a wildcard the security matrix cannot fill", pattern)
