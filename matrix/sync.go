@@ -59,8 +59,6 @@ type DeviceNews struct {
 	DeviceLists mautrix.DeviceLists
 	// OneTimeKeys counts the device's one-time keys left on the server.
 	OneTimeKeys mautrix.OTKCount
-	// FallbackKeyTypes lists the algorithms of the unused fallback keys.
-	FallbackKeyTypes []string
 }
 
 // RoomTimeline is one room's timeline in a sync.
@@ -91,9 +89,8 @@ type syncResponse struct {
 	ToDevice struct {
 		Events []json.RawMessage `json:"events"`
 	} `json:"to_device"`
-	DeviceLists      mautrix.DeviceLists `json:"device_lists"`
-	OneTimeKeys      mautrix.OTKCount    `json:"device_one_time_keys_count"`
-	FallbackKeyTypes []string            `json:"device_unused_fallback_key_types"`
+	DeviceLists mautrix.DeviceLists `json:"device_lists"`
+	OneTimeKeys mautrix.OTKCount    `json:"device_one_time_keys_count"`
 }
 
 type roomResponse struct {
@@ -126,8 +123,7 @@ func (c *Client) Sync(ctx context.Context, since string, timeout time.Duration) 
 		return nil, errors.New("sync: the homeserver returned no next_batch")
 	}
 	b := &SyncBatch{NextBatch: resp.NextBatch, Joined: timelines(resp.Rooms.Join), Left: timelines(resp.Rooms.Leave),
-		Crypto: DeviceNews{ToDevice: resp.ToDevice.Events, DeviceLists: resp.DeviceLists, OneTimeKeys: resp.OneTimeKeys,
-			FallbackKeyTypes: resp.FallbackKeyTypes}}
+		Crypto: DeviceNews{ToDevice: resp.ToDevice.Events, DeviceLists: resp.DeviceLists, OneTimeKeys: resp.OneTimeKeys}}
 	for room := range resp.Rooms.Invite {
 		b.Invited = append(b.Invited, room)
 	}
