@@ -290,6 +290,32 @@ func (c *client) leave(ctx context.Context, room string) (json.RawMessage, *apiE
 	return c.call(ctx, http.MethodPost, c.agentPath("rooms", room, "leave"), nil, nil, nil)
 }
 
+// approvalBody is the body of the approval request route.
+type approvalBody struct {
+	CallID     string          `json:"call_id"`
+	Tool       string          `json:"tool"`
+	Arguments  json.RawMessage `json:"arguments"`
+	Approvers  []string        `json:"approvers,omitempty"`
+	ExpiresInS int64           `json:"expires_in_s,omitempty"`
+	Secret     []string        `json:"secret,omitempty"`
+	Rendering  string          `json:"rendering,omitempty"`
+}
+
+// requestApproval asks a person to approve one exact call.
+func (c *client) requestApproval(ctx context.Context, eventID string, body approvalBody) (json.RawMessage, *apiError) {
+	return c.call(ctx, http.MethodPost, c.agentPath("events", eventID, "approvals"), nil, nil, body)
+}
+
+// approval reads one approval, waiting up to wait for its decision while
+// it is open.
+func (c *client) approval(ctx context.Context, eventID, callID string, wait time.Duration) (json.RawMessage, *apiError) {
+	v := url.Values{}
+	if wait > 0 {
+		v.Set("wait", wait.String())
+	}
+	return c.call(ctx, http.MethodGet, c.agentPath("events", eventID, "approvals", callID), v, nil, nil)
+}
+
 // changes opens the agent's stream of room changes. The caller reads and
 // closes the body of the 200; any other answer is an *apiError.
 func (c *client) changes(ctx context.Context) (*http.Response, *apiError) {

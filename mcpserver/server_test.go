@@ -70,6 +70,8 @@ func newFixture(t *testing.T) *fixture {
 		},
 		Log:       zerolog.Nop(),
 		CursorKey: []byte("test cursor key"),
+		// The journal's clock, which approvals' expiries are reckoned by.
+		Now: func() time.Time { return testsupport.DefaultNow },
 	})
 	fx.api = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fx.mu.Lock()
@@ -276,6 +278,9 @@ func TestMCPListsTheToolsWithSchemasAndAnnotations(t *testing.T) {
 		"react":  {required: []string{"event_id", "key"}, idempotent: true},
 		"ignore": {required: []string{"event_id"}, idempotent: true},
 		"leave":  {required: []string{"room_id"}, idempotent: true, destructive: true},
+		"request_approval": {required: []string{"event_id", "call_id", "tool", "arguments"},
+			optional: []string{"approvers", "expires_in_s", "secret", "rendering"}, idempotent: true},
+		"wait_for_decision": {required: []string{"event_id", "call_id"}, optional: []string{"wait_seconds"}, readOnly: true},
 	}
 	if len(tools) != len(want) {
 		t.Fatalf("tools = %v, want %d", slices.Collect(func(yield func(string) bool) {

@@ -17,6 +17,7 @@ const (
 	maxLimit           = 1000
 	defaultWaitSeconds = 30
 	maxWaitSeconds     = 300
+	maxApprovalSeconds = 7 * 24 * 60 * 60
 )
 
 // The tools' arguments. Their JSON schemas are inferred from these types:
@@ -66,6 +67,23 @@ type ignoreIn struct {
 
 type leaveIn struct {
 	RoomID string `json:"room_id" jsonschema:"the room to leave, !opaque:server"`
+}
+
+type requestApprovalIn struct {
+	EventID    string          `json:"event_id" jsonschema:"the pending event whose work needs the call ($opaque), from wait_for_work"`
+	CallID     string          `json:"call_id" jsonschema:"an ID you choose for this call, such as a UUID, 1 to 128 bytes: asking again with the same ID and call returns the recorded request; another call under the same ID is a conflict"`
+	Tool       string          `json:"tool" jsonschema:"the name of the tool the call would run"`
+	Arguments  json.RawMessage `json:"arguments" jsonschema:"the call's arguments as one JSON object, exactly as the call would run with them"`
+	Approvers  []string        `json:"approvers,omitempty" jsonschema:"who may decide, Matrix user IDs (@name:server), at most 20 (default: the event's sender)"`
+	ExpiresInS int64           `json:"expires_in_s,omitempty" jsonschema:"seconds until an undecided call expires, 1 to 604800 (default 3600)"`
+	Secret     []string        `json:"secret,omitempty" jsonschema:"names of arguments never shown on the card, such as tokens"`
+	Rendering  string          `json:"rendering,omitempty" jsonschema:"your own words for the call, shown on the card above it (at most 4 KiB)"`
+}
+
+type waitForDecisionIn struct {
+	EventID     string `json:"event_id" jsonschema:"the event the approval was asked for ($opaque)"`
+	CallID      string `json:"call_id" jsonschema:"the call_id given to request_approval"`
+	WaitSeconds *int   `json:"wait_seconds,omitempty" jsonschema:"while the approval is open, wait up to this many seconds for its decision, 0 to 300 (default 30)"`
 }
 
 // The tools' results, the agent API's answers as they are: these types
@@ -121,6 +139,35 @@ type deliveryOut struct {
 	Outcome    string `json:"outcome" jsonschema:"created, or replayed when the same request was already taken (nothing new is sent)"`
 	State      string `json:"state,omitempty" jsonschema:"where the delivery is: queued, attempted, acknowledged, failed or retired"`
 	EventID    string `json:"event_id,omitempty" jsonschema:"the event ID the homeserver gave the message, once acknowledged"`
+}
+
+type approvalOut struct {
+	CallID         string   `json:"call_id"`
+	EventID        string   `json:"event_id"`
+	State          string   `json:"state" jsonschema:"open until decided: approved, denied, expired or withdrawn"`
+	Outcome        string   `json:"outcome" jsonschema:"created (the card is queued), or replayed when the same call was asked for before (nothing new is sent)"`
+	CardDeliveryID string   `json:"card_delivery_id" jsonschema:"the outbox row that sends the card"`
+	Approvers      []string `json:"approvers" jsonschema:"who may decide"`
+	ExpiresAtMS    int64    `json:"expires_at_ms" jsonschema:"when an undecided call expires, in milliseconds since 1970"`
+}
+
+type decisionOut struct {
+	CallID          string          `json:"call_id"`
+	EventID         string          `json:"event_id"`
+	RoomID          string          `json:"room_id"`
+	Tool            string          `json:"tool"`
+	Arguments       json.RawMessage `json:"arguments" jsonschema:"the call's arguments as recorded: the call to run if approved"`
+	Secret          []string        `json:"secret"`
+	Approvers       []string        `json:"approvers"`
+	State           string          `json:"state" jsonschema:"open, approved, denied, expired (nobody decided in time) or withdrawn (the agent left the room); run the call only when approved"`
+	DecidedBy       string          `json:"decided_by" jsonschema:"the approver who decided; empty while open, and for an expiry or a withdrawal"`
+	DecisionEventID string          `json:"decision_event_id" jsonschema:"the reaction or reply that decided"`
+	DecidedAtMS     int64           `json:"decided_at_ms" jsonschema:"when it was decided, in milliseconds since 1970; 0 while open"`
+	Reason          string          `json:"reason" jsonschema:"why it expired or was withdrawn"`
+	CardEventID     string          `json:"card_event_id" jsonschema:"the card's event ID once sent"`
+	CreatedAtMS     int64           `json:"created_at_ms"`
+	ExpiresAtMS     int64           `json:"expires_at_ms"`
+	TimedOut        bool            `json:"timed_out" jsonschema:"true when the wait ended with the approval still open: call again to keep waiting"`
 }
 
 type ignoreOut struct {
@@ -189,6 +236,17 @@ var (
 	replySchema = func() *jsonschema.Schema {
 		s := schemaFor[replyIn](false)
 		s.Properties["format"].Enum = formats
+		return s
+	}()
+	requestApprovalSchema = func() *jsonschema.Schema {
+		s := schemaFor[requestApprovalIn](false)
+		bound(s, "expires_in_s", 1, maxApprovalSeconds)
+		return s
+	}()
+	waitForDecisionSchema = func() *jsonschema.Schema {
+		s := schemaFor[waitForDecisionIn](false)
+		bound(s, "wait_seconds", 0, maxWaitSeconds)
+		s.Properties["wait_seconds"].Default = json.RawMessage(fmt.Sprint(defaultWaitSeconds))
 		return s
 	}()
 	sendSchema = func() *jsonschema.Schema {
@@ -298,6 +356,33 @@ func addTools(srv *mcp.Server, c *client, log zerolog.Logger) {
 		Annotations: &mcp.ToolAnnotations{Title: "Leave a room", DestructiveHint: yes, IdempotentHint: true,
 			OpenWorldHint: yes},
 	}, t.leave)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:  "request_approval",
+		Title: "Ask for approval of a tool call",
+		Description: "Asks a person to approve one exact call (a tool and its arguments) before you run it: a card " +
+			"goes into the event's thread saying the tool, its arguments (the secret ones hidden), who may decide and " +
+			"until when; an approver decides by reacting to the card or replying approve or deny. Then call " +
+			"wait_for_decision, and run the call only if it is approved, with exactly these arguments. Idempotent by " +
+			"call_id: the same call again returns the recorded request (outcome replayed) and sends nothing; another " +
+			"call under the same call_id is a conflict, and so is an event no longer pending. Numbers in arguments " +
+			"pass as 64-bit floats: send an integer past 2^53 as a string.",
+		InputSchema:  requestApprovalSchema,
+		OutputSchema: schemaFor[approvalOut](true),
+		Annotations: &mcp.ToolAnnotations{Title: "Ask for approval of a tool call", DestructiveHint: no,
+			IdempotentHint: true, OpenWorldHint: yes},
+	}, t.requestApproval)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:  "wait_for_decision",
+		Title: "Wait for an approval's decision",
+		Description: "Reads an approval asked for with request_approval, waiting up to wait_seconds for its decision " +
+			"while it is open. state is open, approved, denied, expired or withdrawn; a decision never changes. " +
+			"timed_out is true when the wait ended with it still open: call again to keep waiting. Run the call only " +
+			"when the state is approved.",
+		InputSchema:  waitForDecisionSchema,
+		OutputSchema: schemaFor[decisionOut](true),
+		// Open world: people decide.
+		Annotations: &mcp.ToolAnnotations{Title: "Wait for an approval's decision", ReadOnlyHint: true, OpenWorldHint: yes},
+	}, t.waitForDecision)
 }
 
 // tools are the tool handlers of one agent.
@@ -370,4 +455,18 @@ func (t tools) ignore(ctx context.Context, req *mcp.CallToolRequest, in ignoreIn
 
 func (t tools) leave(ctx context.Context, req *mcp.CallToolRequest, in leaveIn) (*mcp.CallToolResult, any, error) {
 	return t.result(req)(t.c.leave(callerContext(ctx, req.Extra), in.RoomID))
+}
+
+func (t tools) requestApproval(ctx context.Context, req *mcp.CallToolRequest, in requestApprovalIn) (*mcp.CallToolResult, any, error) {
+	return t.result(req)(t.c.requestApproval(callerContext(ctx, req.Extra), in.EventID, approvalBody{CallID: in.CallID,
+		Tool: in.Tool, Arguments: in.Arguments, Approvers: in.Approvers, ExpiresInS: in.ExpiresInS, Secret: in.Secret,
+		Rendering: in.Rendering}))
+}
+
+func (t tools) waitForDecision(ctx context.Context, req *mcp.CallToolRequest, in waitForDecisionIn) (*mcp.CallToolResult, any, error) {
+	wait := defaultWaitSeconds
+	if in.WaitSeconds != nil {
+		wait = *in.WaitSeconds
+	}
+	return t.result(req)(t.c.approval(callerContext(ctx, req.Extra), in.EventID, in.CallID, time.Duration(wait)*time.Second))
 }
