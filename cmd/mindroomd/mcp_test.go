@@ -87,7 +87,8 @@ func TestMCPCommandServesTheAgentsToolsOverStdio(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	want := []string{"ignore", "leave", "list_rooms", "react", "read_conversation", "reply", "send", "wait_for_work"}
+	want := []string{"ignore", "leave", "list_rooms", "react", "read_conversation", "reply", "request_approval", "send",
+		"wait_for_decision", "wait_for_work"}
 	if got := slices.Sorted(slices.Values(names)); !slices.Equal(got, want) {
 		t.Fatalf("tools = %v, want %v", got, want)
 	}
