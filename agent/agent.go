@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -47,13 +48,19 @@ type Turn struct {
 	// overlap), though an edit a second is all a reader can follow. Calls
 	// made after Answer returned are dropped.
 	Progress func(ctx context.Context, text string)
+	// Approvals are the decisions of the calls the agent asked a person
+	// about for this event (Reply.Approval), oldest first: the turn is
+	// offered again once every one of them is decided. Nil when it asked
+	// none. A call runs only when its State is journal.ApprovalApproved;
+	// denied, expired and withdrawn are final.
+	Approvals []journal.Approval
 }
 
 // ErrInvalidReply reports a Reply that is not exactly one answer.
 var ErrInvalidReply = errors.New("invalid reply")
 
 // Reply is the agent's answer to a turn: exactly one of Ignore, React,
-// Content and Attachment.
+// Content, Attachment and Approval.
 type Reply struct {
 	// Ignore settles the event without answering it.
 	Ignore bool
@@ -66,6 +73,33 @@ type Reply struct {
 	// Attachment answers with a file: the principal uploads it and sends
 	// it as a message, with its caption if it has one.
 	Attachment *File
+	// Approval asks a person before an exact call runs: the principal
+	// records the request, posts its card in the room and leaves the event
+	// pending; once the call is decided the turn is offered again, with
+	// the decision in Turn.Approvals.
+	Approval *ApprovalAsk
+}
+
+// ApprovalAsk is a call an agent asks a person to approve
+// (journal.ApprovalRequest, less what the principal fills in).
+type ApprovalAsk struct {
+	// CallID names the call, chosen by the agent; asking the same ID again
+	// with the same call is the same request.
+	CallID string
+	// Tool and Arguments (a JSON object) are the exact call.
+	Tool      string
+	Arguments json.RawMessage
+	// Approvers may decide (Matrix user IDs); empty means the event's
+	// sender.
+	Approvers []string
+	// ExpiresIn is how long the call waits for a decision before it is
+	// decided as expired; zero means the principal's default (an hour).
+	ExpiresIn time.Duration
+	// Secret names arguments the card never shows.
+	Secret []string
+	// Rendering, optional, is the agent's own words for the call, shown on
+	// the card above it.
+	Rendering string
 }
 
 // File is a local file an agent answers with.
@@ -89,21 +123,25 @@ type File struct {
 // ErrInvalidReply.
 func (r Reply) Validate() error {
 	n := 0
-	for _, set := range []bool{r.Ignore, r.React != "", r.Content != nil, r.Attachment != nil} {
+	for _, set := range []bool{r.Ignore, r.React != "", r.Content != nil, r.Attachment != nil, r.Approval != nil} {
 		if set {
 			n++
 		}
 	}
 	switch {
 	case n == 0:
-		return fmt.Errorf("%w: no answer (ignore, a reaction, content or an attachment)", ErrInvalidReply)
+		return fmt.Errorf("%w: no answer (ignore, a reaction, content, an attachment or an approval)", ErrInvalidReply)
 	case n > 1:
-		return fmt.Errorf("%w: more than one of ignore, a reaction, content and an attachment", ErrInvalidReply)
+		return fmt.Errorf("%w: more than one of ignore, a reaction, content, an attachment and an approval", ErrInvalidReply)
 	case r.React != "" && !journal.ValidReactionKey(r.React):
 		return fmt.Errorf("%w: a reaction key must be 1 to %d bytes of text without control characters or surrounding spaces",
 			ErrInvalidReply, journal.MaxReactionKeyBytes)
 	case r.Attachment != nil && r.Attachment.Path == "":
 		return fmt.Errorf("%w: an attachment without a path", ErrInvalidReply)
+	case r.Approval != nil && (r.Approval.CallID == "" || r.Approval.Tool == "" || r.Approval.Arguments == nil):
+		return fmt.Errorf("%w: an approval needs a call ID, a tool and its arguments", ErrInvalidReply)
+	case r.Approval != nil && r.Approval.ExpiresIn < 0:
+		return fmt.Errorf("%w: an approval's expiry is not ahead", ErrInvalidReply)
 	}
 	return nil
 }

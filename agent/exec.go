@@ -60,10 +60,14 @@ var (
 
 // Exec answers each turn by running a command: the request goes to its
 // stdin as one JSON object, the reply comes back on its stdout as one JSON
-// object: {"body": "text"}, {"ignore": true}, {"react": "👍"} or
+// object: {"body": "text"}, {"ignore": true}, {"react": "👍"},
 // {"attachment": {"path": "out.png", "name": ..., "mimetype": ...,
 // "caption": ...}}, a relative path being the command's working
-// directory's (the daemon's). Any failure (a non-zero exit, a timeout, output that is not a
+// directory's (the daemon's), or {"approval": {"call_id": ..., "tool": ...,
+// "arguments": {...}, "approvers": [...], "expires_in_s": ..., "secret":
+// [...], "rendering": ...}}, which asks a person before the call runs: the
+// command is run again once the call is decided, with the decision in the
+// request's "approvals". Any failure (a non-zero exit, a timeout, output that is not a
 // reply) is an error, so the event stays pending and is offered again after
 // a backoff.
 //
@@ -105,6 +109,24 @@ type ExecRequest struct {
 	// Conversation is the last visible messages of the event's thread, or
 	// of its room when it is in none, oldest first.
 	Conversation []ExecMessage `json:"conversation"`
+	// Approvals are the decided calls the command asked a person about for
+	// this event, oldest first; absent when it asked none.
+	Approvals []ExecApproval `json:"approvals,omitempty"`
+}
+
+// ExecApproval is one decided call of an ExecRequest.
+type ExecApproval struct {
+	CallID    string          `json:"call_id"`
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments"`
+	// State is approved, denied, expired or withdrawn; only approved lets
+	// the call run.
+	State string `json:"state"`
+	// DecidedBy is the approver who decided, "" for an expiry or a
+	// withdrawal.
+	DecidedBy string `json:"decided_by"`
+	// Reason says why a call expired or was withdrawn.
+	Reason string `json:"reason,omitempty"`
 }
 
 // ExecMessage is one visible message of an ExecRequest's conversation.
@@ -157,8 +179,13 @@ func (e Exec) request(ctx context.Context, turn Turn) ([]byte, error) {
 		conv = append(conv, ExecMessage{EventID: m.EventID, Sender: m.Sender, CreatedTS: m.CreatedTS,
 			Body: textBody(m.Content), Content: m.Content})
 	}
+	var approvals []ExecApproval
+	for _, a := range turn.Approvals {
+		approvals = append(approvals, ExecApproval{CallID: a.CallID, Tool: a.Tool, Arguments: a.Arguments,
+			State: a.State.String(), DecidedBy: a.DecidedBy, Reason: a.Reason})
+	}
 	return json.Marshal(ExecRequest{Event: turn.Event.Event, EventID: turn.Event.EventID, RoomID: turn.Event.RoomID,
-		ThreadID: turn.Thread, Sender: sender, Body: textBody(ev["content"]), Conversation: conv})
+		ThreadID: turn.Thread, Sender: sender, Body: textBody(ev["content"]), Conversation: conv, Approvals: approvals})
 }
 
 // textBody reads content.body leniently: a reaction, a redacted message or
@@ -352,14 +379,18 @@ const (
 	execIgnore     = "ignore"
 	execReact      = "react"
 	execAttachment = "attachment"
+	execApproval   = "approval"
 )
+
+// execApprovalKeys are the keys an approval object may hold.
+var execApprovalKeys = []string{"call_id", "tool", "arguments", "approvers", "expires_in_s", "secret", "rendering"}
 
 // execAttachmentKeys are the keys an attachment object may hold.
 var execAttachmentKeys = []string{"path", "name", "mimetype", "caption"}
 
 // parseReply accepts exactly one JSON object on stdout, holding exactly one
-// of a non-empty text "body", "ignore": true, a "react" key or an
-// "attachment" object, and nothing else.
+// of a non-empty text "body", "ignore": true, a "react" key, an
+// "attachment" object or an "approval" object, and nothing else.
 func parseReply(out []byte) (Reply, error) {
 	// JSON's own whitespace only: bytes.TrimSpace would also drop a
 	// vertical tab or a no-break space, taking output that is not JSON.
@@ -377,7 +408,7 @@ func parseReply(out []byte) (Reply, error) {
 	var present []string
 	for k := range obj {
 		switch k {
-		case execBody, execIgnore, execReact, execAttachment:
+		case execBody, execIgnore, execReact, execAttachment, execApproval:
 			present = append(present, k)
 		default:
 			return Reply{}, fmt.Errorf("%w: unknown key %q", ErrExecReply, k)
@@ -385,11 +416,11 @@ func parseReply(out []byte) (Reply, error) {
 	}
 	switch len(present) {
 	case 0:
-		return Reply{}, fmt.Errorf("%w: none of body, ignore, react and attachment", ErrExecReply)
+		return Reply{}, fmt.Errorf("%w: none of body, ignore, react, attachment and approval", ErrExecReply)
 	case 1:
 	default:
 		slices.Sort(present)
-		return Reply{}, fmt.Errorf("%w: more than one of body, ignore, react and attachment (%s)", ErrExecReply,
+		return Reply{}, fmt.Errorf("%w: more than one of body, ignore, react, attachment and approval (%s)", ErrExecReply,
 			strings.Join(present, ", "))
 	}
 	raw := obj[present[0]]
@@ -415,6 +446,12 @@ func parseReply(out []byte) (Reply, error) {
 			return Reply{}, err
 		}
 		return Reply{Attachment: f}, nil
+	case execApproval:
+		ask, err := parseApproval(raw)
+		if err != nil {
+			return Reply{}, err
+		}
+		return Reply{Approval: ask}, nil
 	}
 	var body string
 	if err := json.Unmarshal(raw, &body); err != nil {
@@ -463,6 +500,91 @@ func parseAttachment(raw json.RawMessage) (*File, error) {
 		}
 	}
 	return f, nil
+}
+
+// parseApproval reads an approval object: a non-empty string "call_id"
+// and "tool", an "arguments" object, and optionally "approvers" and
+// "secret" (lists of strings), "expires_in_s" (a number of seconds, from 1
+// to journal.MaxApprovalWindow) and "rendering" (a string). The
+// ledger checks the rest when the principal records it.
+func parseApproval(raw json.RawMessage) (*ApprovalAsk, error) {
+	if b := bytes.Trim(raw, jsonSpace); len(b) == 0 || b[0] != '{' {
+		return nil, fmt.Errorf("%w: approval is not a JSON object", ErrExecReply)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, fmt.Errorf("%w: approval: %w", ErrExecReply, err)
+	}
+	ask := &ApprovalAsk{}
+	for k, v := range obj {
+		v = bytes.Trim(v, jsonSpace)
+		var err error
+		switch k {
+		case "call_id":
+			err = execString(v, &ask.CallID)
+		case "tool":
+			err = execString(v, &ask.Tool)
+		case "rendering":
+			err = execString(v, &ask.Rendering)
+		case "approvers":
+			err = execStrings(v, &ask.Approvers)
+		case "secret":
+			err = execStrings(v, &ask.Secret)
+		case "arguments":
+			if len(v) == 0 || v[0] != '{' {
+				err = errors.New("not a JSON object")
+			}
+			ask.Arguments = append(json.RawMessage(nil), v...)
+		case "expires_in_s":
+			var s float64
+			if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) || json.Unmarshal(v, &s) != nil {
+				err = errors.New("not a number")
+			} else if s < 1 || s > journal.MaxApprovalWindow.Seconds() {
+				err = fmt.Errorf("not from 1 to %d seconds", int64(journal.MaxApprovalWindow.Seconds()))
+			}
+			ask.ExpiresIn = time.Duration(s * float64(time.Second))
+		default:
+			return nil, fmt.Errorf("%w: unknown approval key %q", ErrExecReply, k)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: approval %s: %v", ErrExecReply, k, err)
+		}
+	}
+	switch {
+	case ask.CallID == "":
+		return nil, fmt.Errorf("%w: approval without a call_id", ErrExecReply)
+	case ask.Tool == "":
+		return nil, fmt.Errorf("%w: approval without a tool", ErrExecReply)
+	case ask.Arguments == nil:
+		return nil, fmt.Errorf("%w: approval without arguments", ErrExecReply)
+	}
+	return ask, nil
+}
+
+// execString decodes a JSON string into s; a null is refused, not taken
+// for "".
+func execString(v json.RawMessage, s *string) error {
+	v = bytes.Trim(v, jsonSpace)
+	if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, s) != nil {
+		return errors.New("not a string")
+	}
+	return nil
+}
+
+// execStrings decodes a JSON list of strings into s.
+func execStrings(v json.RawMessage, s *[]string) error {
+	var items []json.RawMessage
+	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &items) != nil {
+		return errors.New("not a list of strings")
+	}
+	out := make([]string, len(items))
+	for i, item := range items {
+		if execString(item, &out[i]) != nil {
+			return errors.New("not a list of strings")
+		}
+	}
+	*s = out
+	return nil
 }
 
 // withStderr appends the end of the command's stderr, where an agent says

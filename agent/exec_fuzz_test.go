@@ -5,16 +5,20 @@ import (
 	"errors"
 	"maps"
 	"mime"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
 
 // FuzzExecReply feeds arbitrary stdout to the exec agent's reply parser. It
 // never panics; output that is not exactly one JSON object holding exactly
-// one of a non-empty text "body", "ignore": true, a valid "react" key or an
-// "attachment" object with a path is ErrExecReply; and an accepted reply
+// one of a non-empty text "body", "ignore": true, a valid "react" key, an
+// "attachment" object with a path or an "approval" object with a call ID,
+// a tool and arguments is ErrExecReply; and an accepted reply
 // says what the object says, as the oracle below reads it with the
 // standard decoder alone.
 func FuzzExecReply(f *testing.F) {
@@ -69,6 +73,25 @@ func FuzzExecReply(f *testing.F) {
 		`{"attachment":"/tmp/out.png"}`,
 		`{"attachment":null}`,
 		`{"attachment":{"path":"a"},"body":"caption here"}`,
+		`{"approval":{"call_id":"c1","tool":"send_mail","arguments":{"to":"bob@example.org"}}}`,
+		`{"approval":{"call_id":"c1","tool":"send_mail","arguments":{},"approvers":["@alice:example.org"],"expires_in_s":3600,"secret":["token"],"rendering":"Mail Bob?"}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"expires_in_s":2.5}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"expires_in_s":0.5}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"expires_in_s":604801}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"expires_in_s":"60"}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"expires_in_s":1e400}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":[]}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":null}}`,
+		`{"approval":{"call_id":"c1","tool":"t"}}`,
+		`{"approval":{"call_id":"","tool":"t","arguments":{}}}`,
+		`{"approval":{"call_id":"c1","tool":null,"arguments":{}}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"approvers":null}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"approvers":["@a:b",7]}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"secret":"token"}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{},"state":"approved"}}`,
+		`{"approval":{"c\u0061ll_id":"c1","tool":"t","arguments":{ "a" : [1, {"b": null}] }}}`,
+		`{"approval":{"call_id":"c1","tool":"t","arguments":{}},"body":"and words"}`,
+		`{"approval":"c1"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -79,7 +102,7 @@ func FuzzExecReply(f *testing.F) {
 			if !errors.Is(err, ErrExecReply) {
 				t.Fatalf("parseReply(%q) = %+v, %v; want ErrExecReply", out, reply, err)
 			}
-			if reply.Ignore || reply.Content != nil || reply.React != "" || reply.Attachment != nil {
+			if reply.Ignore || reply.Content != nil || reply.React != "" || reply.Attachment != nil || reply.Approval != nil {
 				t.Fatalf("parseReply(%q) refused with a reply %+v", out, reply)
 			}
 			return
@@ -106,6 +129,11 @@ func FuzzExecReply(f *testing.F) {
 				t.Fatalf("parseReply(%q) = %+v; want the attachment %+v", out, reply.Attachment, *want.file)
 			}
 			return
+		case want.ask != nil:
+			if !sameAsk(reply.Approval, want.ask) {
+				t.Fatalf("parseReply(%q) = %+v; want the approval %+v", out, reply.Approval, *want.ask)
+			}
+			return
 		}
 		var content map[string]string
 		if err := json.Unmarshal(reply.Content, &content); err != nil {
@@ -122,15 +150,17 @@ type oracleAnswer struct {
 	ignore bool
 	react  string
 	file   *File
+	ask    *ApprovalAsk
 }
 
 // oracleReply is the reply contract read independently of parseReply: the
 // whole output is one JSON value (JSON's own whitespace around it allowed),
-// an object whose keys are among body, ignore, react and attachment, with
-// exactly one of them: a non-empty string body, ignore true, a react string
-// that is a valid reaction key, or an attachment object whose keys are
-// among path, name, mimetype and caption, each a string, with a non-empty
-// path free of NUL and a mimetype, when not empty, that is a media type.
+// an object whose keys are among body, ignore, react, attachment and
+// approval, with exactly one of them: a non-empty string body, ignore true,
+// a react string that is a valid reaction key, an attachment object whose
+// keys are among path, name, mimetype and caption, each a string, with a
+// non-empty path free of NUL and a mimetype, when not empty, that is a
+// media type, or an approval object (oracleAsk).
 func oracleReply(out []byte) (oracleAnswer, bool) {
 	if !json.Valid(out) {
 		return oracleAnswer{}, false
@@ -156,6 +186,9 @@ func oracleReply(out []byte) (oracleAnswer, bool) {
 		case "attachment":
 			file, ok := oracleFile(v)
 			return oracleAnswer{file: file}, ok
+		case "approval":
+			ask, ok := oracleAsk(v)
+			return oracleAnswer{ask: ask}, ok
 		}
 	}
 	return oracleAnswer{}, false
@@ -183,4 +216,76 @@ func oracleFile(v any) (*File, bool) {
 		}
 	}
 	return &File{Path: s["path"], Name: s["name"], MimeType: s["mimetype"], Caption: s["caption"]}, true
+}
+
+// oracleAsk reads an approval object: its keys among call_id, tool,
+// arguments, approvers, expires_in_s, secret and rendering; call_id and
+// tool non-empty strings, arguments an object, approvers and secret lists
+// of strings, expires_in_s a number of seconds from 1 to a week, rendering
+// a string.
+func oracleAsk(v any) (*ApprovalAsk, bool) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, false
+	}
+	ask := &ApprovalAsk{}
+	strs := func(v any) ([]string, bool) {
+		list, ok := v.([]any)
+		if !ok {
+			return nil, false
+		}
+		out := []string{}
+		for _, item := range list {
+			s, ok := item.(string)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, s)
+		}
+		return out, true
+	}
+	for k, v := range obj {
+		ok := true
+		switch k {
+		case "call_id":
+			ask.CallID, ok = v.(string)
+		case "tool":
+			ask.Tool, ok = v.(string)
+		case "rendering":
+			ask.Rendering, ok = v.(string)
+		case "approvers":
+			ask.Approvers, ok = strs(v)
+		case "secret":
+			ask.Secret, ok = strs(v)
+		case "arguments":
+			var args map[string]any
+			if args, ok = v.(map[string]any); ok {
+				ask.Arguments, _ = json.Marshal(args)
+			}
+		case "expires_in_s":
+			var s float64
+			s, ok = v.(float64)
+			ok = ok && s >= 1 && s <= 7*24*3600
+			ask.ExpiresIn = time.Duration(s * float64(time.Second))
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil, false
+		}
+	}
+	return ask, ask.CallID != "" && ask.Tool != "" && ask.Arguments != nil
+}
+
+// sameAsk compares two approvals, their arguments as JSON values.
+func sameAsk(got, want *ApprovalAsk) bool {
+	if got == nil {
+		return false
+	}
+	var ga, wa any
+	if json.Unmarshal(got.Arguments, &ga) != nil || json.Unmarshal(want.Arguments, &wa) != nil || !reflect.DeepEqual(ga, wa) {
+		return false
+	}
+	return got.CallID == want.CallID && got.Tool == want.Tool && got.Rendering == want.Rendering &&
+		got.ExpiresIn == want.ExpiresIn && slices.Equal(got.Approvers, want.Approvers) && slices.Equal(got.Secret, want.Secret)
 }

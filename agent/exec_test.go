@@ -19,6 +19,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/agent"
 	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
@@ -299,14 +300,14 @@ func TestExecRefusesOutputThatIsNotOneReply(t *testing.T) {
 		{"NotJSON", "hello", "not a JSON object"},
 		{"NotAnObject", `["hi"]`, "not a JSON object"},
 		{"Null", "null", "not a JSON object"},
-		{"Both", `{"body":"hi","ignore":true}`, "more than one of body, ignore, react and attachment (body, ignore)"},
-		{"Neither", `{}`, "none of body, ignore, react and attachment"},
-		{"ReactAndBody", `{"react":"👍","body":"hi"}`, "more than one of body, ignore, react and attachment (body, react)"},
+		{"Both", `{"body":"hi","ignore":true}`, "more than one of body, ignore, react, attachment and approval (body, ignore)"},
+		{"Neither", `{}`, "none of body, ignore, react, attachment and approval"},
+		{"ReactAndBody", `{"react":"👍","body":"hi"}`, "more than one of body, ignore, react, attachment and approval (body, react)"},
 		{"ReactNotText", `{"react":1}`, "react is not a string"},
 		{"ReactEmpty", `{"react":""}`, "react must be 1 to 64 bytes"},
 		{"ReactPadded", `{"react":" 👍 "}`, "react must be 1 to 64 bytes"},
 		{"ReactControl", `{"react":"a\u0007"}`, "react must be 1 to 64 bytes"},
-		{"AttachmentAndBody", `{"attachment":{"path":"/a"},"body":"caption"}`, "more than one of body, ignore, react and attachment (attachment, body)"},
+		{"AttachmentAndBody", `{"attachment":{"path":"/a"},"body":"caption"}`, "more than one of body, ignore, react, attachment and approval (attachment, body)"},
 		{"AttachmentNotAnObject", `{"attachment":"/tmp/a.png"}`, "attachment is not a JSON object"},
 		{"AttachmentWithoutPath", `{"attachment":{"name":"a.png"}}`, "attachment without a path"},
 		{"AttachmentEmptyPath", `{"attachment":{"path":""}}`, "attachment without a path"},
@@ -460,4 +461,76 @@ exit 0
 		t.Fatal(err)
 	}
 	waitGone(t, pid)
+}
+
+func TestExecAsksForAnApprovalAndIsSentTheDecisionsWhenRunAgain(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "mail bob"))
+	t.Setenv(agentReply, `{"approval": {"call_id": "c1", "tool": "send_mail", "arguments": {"to": "bob@example.org"},
+		"approvers": ["@carol:example.org"], "expires_in_s": 90, "secret": ["token"], "rendering": "Mail Bob?"}}`)
+	reply, err := execAgent(t, "raw").Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := reply.Approval
+	if ask == nil || ask.CallID != "c1" || ask.Tool != "send_mail" || string(ask.Arguments) != `{"to": "bob@example.org"}` ||
+		!slices.Equal(ask.Approvers, []string{"@carol:example.org"}) || ask.ExpiresIn != 90*time.Second ||
+		!slices.Equal(ask.Secret, []string{"token"}) || ask.Rendering != "Mail Bob?" {
+		t.Fatalf("reply = %+v, want the approval as the agent asked it", reply)
+	}
+	if err := reply.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Without approvals the request has no "approvals" key at all.
+	plain, err := execAgent(t, "echo").Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain.Content), `approvals`) {
+		t.Fatalf("a request without approvals = %s", plain.Content)
+	}
+	approved := journal.Approval{ApprovalRequest: journal.ApprovalRequest{EventID: "$q", CallID: "c1", Tool: "send_mail",
+		Arguments: json.RawMessage(`{"to":"bob@example.org"}`)}, State: journal.ApprovalApproved, DecidedBy: alice}
+	expired := journal.Approval{ApprovalRequest: journal.ApprovalRequest{EventID: "$q", CallID: "c2", Tool: "rm",
+		Arguments: json.RawMessage(`{}`)}, State: journal.ApprovalExpired, Reason: "nobody decided in time"}
+	turn.Approvals = []journal.Approval{approved, expired}
+	again, err := execAgent(t, "echo").Answer(context.Background(), turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var content struct{ Body string }
+	if err := json.Unmarshal(again.Content, &content); err != nil {
+		t.Fatal(err)
+	}
+	var req struct {
+		Approvals []map[string]any `json:"approvals"`
+	}
+	if err := json.Unmarshal([]byte(content.Body), &req); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(req.Approvals)
+	want := `[{"arguments":{"to":"bob@example.org"},"call_id":"c1","decided_by":"@alice:example.org","state":"approved","tool":"send_mail"},` +
+		`{"arguments":{},"call_id":"c2","decided_by":"","reason":"nobody decided in time","state":"expired","tool":"rm"}]`
+	if string(got) != want {
+		t.Fatalf("approvals = %s\nwant        %s", got, want)
+	}
+}
+
+func TestExecRefusesAnApprovalThatIsNotOne(t *testing.T) {
+	turn := execTurn(t, "$q", mx.Message("$q", alice, 1000, "hi"))
+	for _, out := range []string{
+		`{"approval": {"tool": "t", "arguments": {}}}`,
+		`{"approval": {"call_id": "c1", "arguments": {}}}`,
+		`{"approval": {"call_id": "c1", "tool": "t"}}`,
+		`{"approval": {"call_id": "c1", "tool": "t", "arguments": "{}"}}`,
+		`{"approval": {"call_id": "c1", "tool": "t", "arguments": {}, "expires_in_s": 0}}`,
+		`{"approval": {"call_id": "c1", "tool": "t", "arguments": {}, "approvers": "@a:b"}}`,
+		`{"approval": {"call_id": "c1", "tool": "t", "arguments": {}, "state": "approved"}}`,
+		`{"approval": {"call_id": "c1", "tool": "t", "arguments": {}}, "body": "and words"}`,
+	} {
+		t.Setenv(agentReply, out)
+		if _, err := execAgent(t, "raw").Answer(context.Background(), turn); !errors.Is(err, agent.ErrExecReply) {
+			t.Errorf("%s: err = %v, want ErrExecReply", out, err)
+		}
+	}
 }
