@@ -84,6 +84,10 @@ type Deps struct {
 	// the room is told, once per session, that the agent cannot read it
 	// yet; 0 tells nothing.
 	KeyNoticeAfter time.Duration
+	// ApprovalSweep is how often, at most, the tool calls nobody decided
+	// in time are decided as expired (the sweep also wakes at the soonest
+	// expiry and after every commit); zero means DefaultApprovalSweep.
+	ApprovalSweep time.Duration
 	// AutoJoin accepts room invites.
 	AutoJoin bool
 	// Placeholder, when set, is the content of a placeholder sent before
@@ -155,6 +159,9 @@ func Props(d Deps) *actor.Props {
 	if d.KeyDeadline <= 0 {
 		d.KeyDeadline = DefaultKeyDeadline
 	}
+	if d.ApprovalSweep <= 0 {
+		d.ApprovalSweep = DefaultApprovalSweep
+	}
 	d = d.withTurnDefaults()
 	if d.Hints == nil {
 		// A bus of its own would never hear a commit, and the principal
@@ -203,6 +210,9 @@ type principalActor struct {
 	// the homeserver's rate limit is the account's, not the turn's.
 	paceOnce sync.Once
 	pace     *bucket
+
+	// approvals is the tool approvals' bookkeeping (approvals.go).
+	approvals approvalState
 }
 
 // Receive implements actor.Actor.
@@ -258,6 +268,9 @@ func (a *principalActor) start(ctx actor.Context) {
 	a.joins, a.joinWake, a.accepted = map[string]*pendingJoin{}, make(chan struct{}, 1), map[string]int64{}
 	run("owed", func(ctx context.Context) error { a.members.sayOwed(ctx); return nil })
 	run("sync", a.syncLoop)
+	// Votes are judged with or without an Agent: an agent outside the
+	// process waits for its calls' decisions too.
+	run("approvals", a.approvalsLoop)
 	if a.deps.Crypto != nil {
 		run("keys", a.keysLoop)
 	}

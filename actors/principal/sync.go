@@ -136,11 +136,16 @@ func (a *principalActor) apply(ctx context.Context, since string, batch *matrix.
 			return err
 		}
 	}
+	// Before the batch is admitted, so a crash cannot lose a departure.
+	if err := a.approversLeft(ctx, batch); err != nil {
+		return err
+	}
 	a.decrypt(ctx, in)
 	res, err := a.admit(ctx, since, batch, in)
 	if err != nil {
 		return fmt.Errorf("admit: %w", err)
 	}
+	a.judgeBatch(ctx, in, res)
 	if err := a.keysArrived(ctx); err != nil {
 		return err
 	}

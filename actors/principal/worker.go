@@ -138,8 +138,14 @@ func earliest(a, b time.Time) time.Time {
 // and settles the event: once the agent has answered, a retry or a restart
 // sends the recorded answer and never asks the agent again. (An agent whose
 // work takes long would record its result on its own first.) A reaction is
-// recorded as the reaction it is, and sent again as one.
+// recorded as the reaction it is, and sent again as one. An agent that asks
+// a person about a call leaves the event pending: it is not offered while
+// the call is open, and then offered again with the decision.
 func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) error {
+	// A vote on a card, or a card's redaction, is never a turn.
+	if handled, err := a.pendingCardEvent(ctx, e); handled || err != nil {
+		return err
+	}
 	thread, _, err := a.deps.Store.AdmittedThreadID(ctx, e.RoomID, e.EventID)
 	if err != nil {
 		return fmt.Errorf("read thread: %w", err)
@@ -164,13 +170,20 @@ func (a *principalActor) offer(ctx context.Context, e journal.PendingEvent) erro
 		}
 		content = rec.Record
 	default:
-		reply, err := a.ask(ctx, e, id, thread, withPlaceholder)
+		// A turn whose calls are not all decided waits, pending.
+		approvals, wait, err := a.turnApprovals(ctx, e)
+		if err != nil || wait {
+			return err
+		}
+		reply, err := a.ask(ctx, e, id, thread, withPlaceholder, approvals)
 		if err != nil {
 			return err
 		}
 		switch {
 		case reply.dropped:
 			return nil
+		case reply.Approval != nil:
+			return a.requestApproval(ctx, e, reply.Approval)
 		case reply.Ignore:
 			// Retracted before the event settles, so a crash in between
 			// offers the turn again rather than leave the placeholder.
@@ -224,7 +237,8 @@ type answer struct {
 // ask sends the turn's placeholder when it has one, then asks the agent,
 // showing it typing and its progress meanwhile. Both end the moment
 // Answer returns: nothing of them holds up the answer.
-func (a *principalActor) ask(ctx context.Context, e journal.PendingEvent, id string, thread *string, withPlaceholder bool) (answer, error) {
+func (a *principalActor) ask(ctx context.Context, e journal.PendingEvent, id string, thread *string, withPlaceholder bool,
+	approvals []journal.Approval) (answer, error) {
 	var progress func(context.Context, string)
 	stopProgress := func() {}
 	if withPlaceholder {
@@ -234,7 +248,8 @@ func (a *principalActor) ask(ctx context.Context, e journal.PendingEvent, id str
 		progress, stopProgress = a.progress(ctx, e, id)
 	}
 	stopTyping := a.typing(ctx, e)
-	reply, err := a.deps.Agent.Answer(ctx, agent.Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress})
+	reply, err := a.deps.Agent.Answer(ctx, agent.Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress,
+		Approvals: approvals})
 	stopProgress()
 	stopTyping()
 	if err == nil {
