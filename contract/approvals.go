@@ -200,6 +200,44 @@ func TestApprovals(t *testing.T, f Factory) {
 		}
 	})
 
+	t.Run("DecisionsAreNumberedInTheOrderTheyWereWritten", func(t *testing.T) {
+		fx := newFixture(t, f)
+		fx.live(msg("$q", alice, 1000, "mail bob"), msg("$r", alice, 1001, "and carol"), msg("$s", alice, 1002, "and dan"))
+		for c, e := range map[string]string{"c1": "$q", "c2": "$r", "c3": "$s"} {
+			if _, _, err := fx.askApproval(e, c, args); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, _, err := fx.v.DecidedAfter(ctx, 0, 10); err != nil || len(got) != 0 {
+			t.Fatalf("decisions before any = %+v, %v", got, err)
+		}
+		if _, _, err := fx.v.DecideApproval(ctx, "c2", journal.ApprovalDecision{State: journal.ApprovalDenied, By: alice}); err != nil {
+			t.Fatal(err)
+		}
+		// A consumed vote decides nothing and takes no number.
+		if _, _, err := fx.v.DecideApproval(ctx, "c2", journal.ApprovalDecision{State: journal.ApprovalApproved, By: alice}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fx.v.FenceDeparture(ctx, room, journal.DepartureReported, "leave-1"); err != nil {
+			t.Fatal(err)
+		}
+		got, seqs, err := fx.v.DecidedAfter(ctx, 0, 10)
+		if err != nil || len(got) != 3 || got[0].CallID != "c2" || got[0].State != journal.ApprovalDenied ||
+			got[1].State != journal.ApprovalWithdrawn || got[2].State != journal.ApprovalWithdrawn {
+			t.Fatalf("decisions = %+v, %v; want c2 denied, then the two the departure withdrew", got, err)
+		}
+		if seqs[0] >= seqs[1] || seqs[1] >= seqs[2] {
+			t.Fatalf("decision numbers %v are not increasing", seqs)
+		}
+		rest, _, err := fx.v.DecidedAfter(ctx, seqs[0], 10)
+		if err != nil || len(rest) != 2 || rest[0].CallID == "c2" {
+			t.Fatalf("decisions after the first = %+v, %v", rest, err)
+		}
+		if other, _, err := fx.principal("other", "@other:example.org").DecidedAfter(ctx, 0, 10); err != nil || len(other) != 0 {
+			t.Fatalf("another principal's decisions = %+v, %v", other, err)
+		}
+	})
+
 	t.Run("AnotherPrincipalSeesNoneOfThem", func(t *testing.T) {
 		fx := newFixture(t, f)
 		fx.live(msg("$q", alice, 1000, "mail bob"))

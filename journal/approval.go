@@ -424,6 +424,10 @@ type Approvals interface {
 	OpenApprovals(ctx context.Context, roomID string) ([]Approval, error)
 	// DueApprovals lists undecided approvals expiring by nowMS.
 	DueApprovals(ctx context.Context, nowMS int64, limit int) ([]Approval, error)
+	// DecidedAfter lists up to limit decisions after the one numbered
+	// after, in the order they were written, with each one's number: a
+	// cursor a reader follows to learn each decision once.
+	DecidedAfter(ctx context.Context, after int64, limit int) ([]Approval, []int64, error)
 }
 
 // Decided is a with the decision state made by who with event at nowMS.

@@ -191,10 +191,34 @@ func editCard(tx Tx, p Principal, a journal.Approval) error {
 }
 
 // withdrawApprovalsInRoom withdraws p's open approvals of room, in the
-// transaction that fences p's membership of it.
+// transaction that fences p's membership of it, one decision each, so
+// each takes its place in the decision order. Their cards are left as
+// they are: nothing may be sent under the ended membership.
 func withdrawApprovalsInRoom(tx Tx, p Principal, room string) error {
-	_, err := tx.Exec(WithdrawApprovalsInRoom, tx.Now().UnixMilli(), withdrawnByDeparture, p.ID, room)
-	return err
+	rows, err := tx.Query(SelectOpenApprovalsInRoom, p.ID, room)
+	if err != nil {
+		return err
+	}
+	var open []string
+	for rows.Next() {
+		a, err := scanApproval(rows)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		open = append(open, a.CallID)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	now := tx.Now().UnixMilli()
+	for _, id := range open {
+		if _, err := tx.Exec(DecideApprovalRow, int(journal.ApprovalWithdrawn), "", "", now, withdrawnByDeparture, p.ID, id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // withdrawnByDeparture is the reason of an approval the agent's departure
@@ -264,6 +288,38 @@ func ApprovalsForEvent(ctx context.Context, r Reader, p Principal, eventID strin
 func OpenApprovals(ctx context.Context, r Reader, p Principal, room string) ([]journal.Approval, error) {
 	return queryApprovals(ctx, r, SelectOpenApprovalsInRoom, p.ID, room)
 }
+
+// DecidedAfter lists up to limit of p's decisions after the decision
+// numbered after, in the order they were written, with each one's number.
+func DecidedAfter(ctx context.Context, r Reader, p Principal, after int64, limit int) ([]journal.Approval, []int64, error) {
+	rows, err := r.Query(ctx, SelectDecidedAfter, p.ID, after, limit)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read decisions: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out  []journal.Approval
+		seqs []int64
+	)
+	for rows.Next() {
+		var seq int64
+		a, err := scanApproval(seqRow{rows, &seq})
+		if err != nil {
+			return nil, nil, fmt.Errorf("read decisions: %w", err)
+		}
+		out, seqs = append(out, a), append(seqs, seq)
+	}
+	return out, seqs, rows.Err()
+}
+
+// seqRow scans an approval row followed by one more column into seq.
+type seqRow struct {
+	Row
+	seq *int64
+}
+
+// Scan implements Row.
+func (r seqRow) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.seq)...) }
 
 // DueApprovals lists up to limit of p's open approvals that expire at or
 // before nowMS, soonest first.

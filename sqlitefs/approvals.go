@@ -11,10 +11,11 @@ const (
 	insertApproval = `INSERT INTO approvals (principal, call_id, event_id, room_id, thread_id, tool, arguments, secret,
 		approvers, rendering, call_hash, card_delivery_id, expires_ms, epoch, created_ms)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
-	decideApprovalRow = `UPDATE approvals SET state = ?, decided_by = ?, decision_event_id = ?, decided_ms = ?, reason = ?
-		WHERE principal = ? AND call_id = ? AND state = 0`
-	withdrawApprovalsInRoom = `UPDATE approvals SET state = 4, decided_ms = ?, reason = ?
-		WHERE principal = ? AND room_id = ? AND state = 0`
+	// A decision takes the principal's next decision number; the one writer
+	// makes max + 1 unique.
+	decideApprovalRow = `UPDATE approvals SET state = ?1, decided_by = ?2, decision_event_id = ?3, decided_ms = ?4,
+		reason = ?5, decided_seq = (SELECT coalesce(max(decided_seq), 0) + 1 FROM approvals WHERE principal = ?6)
+		WHERE principal = ?6 AND call_id = ?7 AND state = 0`
 	// The card's delivery is found by its acknowledged event ID through the
 	// partial index of cards, then its approval by the delivery's name.
 	selectCardApproval = `SELECT a.call_id, a.event_id, a.room_id, a.thread_id, a.tool, a.arguments, a.secret,
@@ -28,4 +29,6 @@ const (
 		WHERE principal = ? AND room_id = ? AND state = 0 ORDER BY created_ms, call_id`
 	selectDueApprovals = `SELECT ` + approvalColumns + ` FROM approvals
 		WHERE principal = ? AND state = 0 AND expires_ms <= ? ORDER BY expires_ms LIMIT ?`
+	selectDecidedAfter = `SELECT ` + approvalColumns + `, decided_seq FROM approvals
+		WHERE principal = ? AND decided_seq > ? ORDER BY decided_seq LIMIT ?`
 )

@@ -62,6 +62,11 @@ func (v *View) OpenApprovals(ctx context.Context, roomID string) ([]journal.Appr
 	return journalsql.OpenApprovals(ctx, v.r, v.p, roomID)
 }
 
+// DecidedAfter implements journal.Approvals.
+func (v *View) DecidedAfter(ctx context.Context, after int64, limit int) ([]journal.Approval, []int64, error) {
+	return journalsql.DecidedAfter(ctx, v.r, v.p, after, limit)
+}
+
 // DueApprovals implements journal.Approvals.
 func (v *View) DueApprovals(ctx context.Context, nowMS int64, limit int) ([]journal.Approval, error) {
 	return journalsql.DueApprovals(ctx, v.r, v.p, nowMS, limit)

@@ -25,11 +25,16 @@ CREATE TABLE approvals (
     decision_event_id text     NOT NULL DEFAULT '',
     decided_ms        bigint   NOT NULL DEFAULT 0,
     reason            text     NOT NULL DEFAULT '',
+    -- decided_seq numbers the principal's decisions in the order they were
+    -- written (0 while open): a reader's cursor over decisions. The
+    -- principal's row lock serializes its writes, so max + 1 is unique.
+    decided_seq       bigint   NOT NULL DEFAULT 0,
     PRIMARY KEY (principal, call_id)
 );
 CREATE INDEX approvals_due ON approvals (principal, expires_ms) WHERE state = 0;
 CREATE INDEX approvals_event ON approvals (principal, event_id);
 CREATE INDEX approvals_open_room ON approvals (principal, room_id) WHERE state = 0;
 CREATE INDEX approvals_card ON approvals (principal, card_delivery_id);
+CREATE INDEX approvals_decided ON approvals (principal, decided_seq) WHERE decided_seq > 0;
 
 CREATE INDEX delivery_outbox_cards ON delivery_outbox (principal, event_id) WHERE delivery_id LIKE 'approval:%';

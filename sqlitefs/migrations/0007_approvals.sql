@@ -27,12 +27,16 @@ CREATE TABLE approvals (
     decision_event_id TEXT    NOT NULL DEFAULT '',
     decided_ms        INTEGER NOT NULL DEFAULT 0,
     reason            TEXT    NOT NULL DEFAULT '',
+    -- decided_seq numbers the principal's decisions in the order they were
+    -- written (0 while open): a reader's cursor over decisions.
+    decided_seq       INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (principal, call_id)
 ) WITHOUT ROWID;
 CREATE INDEX approvals_due ON approvals (principal, expires_ms) WHERE state = 0;
 CREATE INDEX approvals_event ON approvals (principal, event_id);
 CREATE INDEX approvals_open_room ON approvals (principal, room_id) WHERE state = 0;
 CREATE INDEX approvals_card ON approvals (principal, card_delivery_id);
+CREATE INDEX approvals_decided ON approvals (principal, decided_seq) WHERE decided_seq > 0;
 
 -- A vote names the card's event: the card's delivery is found by the
 -- event the homeserver acknowledged it as.
