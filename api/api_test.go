@@ -621,7 +621,7 @@ func TestLeaveAsksThePrincipalToLeaveTheRoom(t *testing.T) {
 
 // sseEvent is one server-sent event; comment lines are kept apart.
 type sseEvent struct {
-	id, data string
+	id, event, data string
 	comment  bool
 }
 
@@ -641,6 +641,8 @@ func readSSE(t *testing.T, r *bufio.Reader) sseEvent {
 			ev.comment = true
 		case strings.HasPrefix(line, "id: "):
 			ev.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "event: "):
+			ev.event = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
 			ev.data = strings.TrimPrefix(line, "data: ")
 		}

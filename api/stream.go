@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -10,6 +11,47 @@ import (
 
 // streamPage is how many pending events a stream reads at a time.
 const streamPage = 100
+
+// streamDecisions sends the principal's decisions after the one numbered
+// after whose turn is still pending, as events of type "approval" without
+// an ID (a pending event's position stays the stream's one cursor), and
+// returns the number of the last decision read.
+func (s *server) streamDecisions(ctx context.Context, ev *sse, a Agent, after int64) (int64, error) {
+	for {
+		decisions, seqs, err := a.Store.DecidedAfter(ctx, after, streamPage)
+		if err != nil {
+			return after, err
+		}
+		var buf []byte
+		for i, d := range decisions {
+			after = seqs[i]
+			e, seen, err := a.Store.AdmittedEvent(ctx, d.EventID)
+			if err != nil {
+				return after, err
+			}
+			if !seen || !e.Pending {
+				continue
+			}
+			_, card, _, err := a.Store.Approval(ctx, d.CallID)
+			if err != nil {
+				return after, err
+			}
+			data, err := json.Marshal(viewApproval(d, card))
+			if err != nil {
+				return after, err
+			}
+			buf = append(buf, "event: approval\ndata: "...)
+			buf = append(buf, data...)
+			buf = append(buf, "\n\n"...)
+		}
+		if len(buf) > 0 && !ev.send(buf) {
+			return after, context.Canceled
+		}
+		if len(decisions) < streamPage {
+			return after, nil
+		}
+	}
+}
 
 // sse is one open server-sent events answer, holding a place under its
 // agent's stream cap until closed.
@@ -116,8 +158,22 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, name string, a A
 	}
 	heartbeat := time.NewTicker(s.heartbeat)
 	defer heartbeat.Stop()
-	var buf []byte
+	var (
+		buf []byte
+		// decided is the stream's cursor over the principal's decisions.
+		// It starts at the first: every decision of a turn still pending
+		// is sent again on each connection, so a client that reconnects
+		// misses none, and needs no cursor of its own for them.
+		decided int64
+	)
 	for {
+		var err error
+		if decided, err = s.streamDecisions(ctx, ev, a, decided); err != nil {
+			if ctx.Err() == nil {
+				s.log.Error().Err(err).Str("agent", name).Msg("Pending stream read failed; stream closed")
+			}
+			return
+		}
 		for {
 			if !renew() {
 				return
