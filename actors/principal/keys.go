@@ -150,6 +150,9 @@ func (a *principalActor) resolveWait(ctx context.Context, w journal.KeyWait) err
 				return fmt.Errorf("resolve %s: %w", e.EventID, err)
 			}
 			resolved++
+			// What the key opened may be a vote on a card: it is judged
+			// as one that a sync brought would be.
+			a.approvals.rescan.Store(true)
 			a.log.Info().Str("event_id", e.EventID).Str("room_id", e.RoomID).Stringer("outcome", out).
 				Msg("An encrypted event's key came")
 		}
