@@ -622,7 +622,7 @@ func TestLeaveAsksThePrincipalToLeaveTheRoom(t *testing.T) {
 // sseEvent is one server-sent event; comment lines are kept apart.
 type sseEvent struct {
 	id, event, data string
-	comment  bool
+	comment         bool
 }
 
 func readSSE(t *testing.T, r *bufio.Reader) sseEvent {
