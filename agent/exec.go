@@ -382,9 +382,6 @@ const (
 	execApproval   = "approval"
 )
 
-// execApprovalKeys are the keys an approval object may hold.
-var execApprovalKeys = []string{"call_id", "tool", "arguments", "approvers", "expires_in_s", "secret", "rendering"}
-
 // execAttachmentKeys are the keys an attachment object may hold.
 var execAttachmentKeys = []string{"path", "name", "mimetype", "caption"}
 
