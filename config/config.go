@@ -227,6 +227,9 @@ type Agent struct {
 	// Typing shows the agent typing while a built-in back-end's turn runs.
 	// Default true.
 	Typing *bool `yaml:"typing"`
+	// ApprovalKeys are the reactions that approve and deny a tool call on
+	// its card. Default ✅ and ❌.
+	ApprovalKeys ApprovalKeys `yaml:"approval_keys"`
 	// Backend answers the agent's turns.
 	Backend Backend `yaml:"backend"`
 
@@ -242,6 +245,12 @@ type Agent struct {
 // loaded config, whose names and user IDs were validated.
 func (a Agent) Principal() journal.Principal {
 	return journal.Principal{Agent: a.Name, UserID: a.UserID}
+}
+
+// ApprovalKeys are an agent's approval reactions.
+type ApprovalKeys struct {
+	Approve string `yaml:"approve"`
+	Deny    string `yaml:"deny"`
 }
 
 // BackendType names what answers an agent's turns.
@@ -437,6 +446,12 @@ func (c *Config) applyDefaults() {
 			on := true
 			a.Typing = &on
 		}
+		if a.ApprovalKeys.Approve == "" {
+			a.ApprovalKeys.Approve = journal.DefaultApprovalKeys.Approve
+		}
+		if a.ApprovalKeys.Deny == "" {
+			a.ApprovalKeys.Deny = journal.DefaultApprovalKeys.Deny
+		}
 	}
 }
 
@@ -488,6 +503,14 @@ func (c *Config) validate() error {
 		// without a token it refuses every request.
 		if a.Backend.Type == BackendHTTP && a.APITokenFile == "" {
 			return fieldErr(field+".api_token_file", "required for backend type %q", BackendHTTP)
+		}
+		switch k := a.ApprovalKeys; {
+		case !journal.ValidReactionKey(k.Approve):
+			return fieldErr(field+".approval_keys.approve", "%q is not a reaction key", k.Approve)
+		case !journal.ValidReactionKey(k.Deny):
+			return fieldErr(field+".approval_keys.deny", "%q is not a reaction key", k.Deny)
+		case k.Approve == k.Deny:
+			return fieldErr(field+".approval_keys.deny", "must differ from approve")
 		}
 		switch a.ReadReceipts {
 		case ReceiptsOff, ReceiptsOnSettle, ReceiptsOnAnswer:

@@ -333,6 +333,8 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"ModelOnExec", head + pw + "    backend: {type: exec, command: [x], model: m}\n", "agents[0].backend.model", `only for type "openai"`},
 		{"StreamOnEcho", head + pw + "    backend: {type: echo, stream: true}\n", "agents[0].backend.stream", `only for type "openai"`},
 		{"VisionOnEcho", head + pw + "    backend: {type: echo, vision: true}\n", "agents[0].backend.vision", `only for type "openai"`},
+		{"ApprovalKeysAlike", head + pw + "    approval_keys: {approve: \"👍\", deny: \"👍\"}\n" + echo, "agents[0].approval_keys.deny", "must differ from approve"},
+		{"ApprovalKeyEmptyOfText", head + pw + "    approval_keys: {approve: \" \"}\n" + echo, "agents[0].approval_keys.approve", "is not a reaction key"},
 		{"ReadReceiptsUnknown", head + pw + "    read_receipts: always\n" + echo, "agents[0].read_receipts", `must be off, settle or answer, not "always"`},
 		{"MediaCapNegative", "media_max_bytes: -1\n" + head + pw + echo, "media_max_bytes", "must be from 1 to"},
 		{"MediaCapHuge", "media_max_bytes: 2147483648\n" + head + pw + echo, "media_max_bytes", "must be from 1 to"},

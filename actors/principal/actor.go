@@ -88,6 +88,10 @@ type Deps struct {
 	// in time are decided as expired (the sweep also wakes at the soonest
 	// expiry and after every commit); zero means DefaultApprovalSweep.
 	ApprovalSweep time.Duration
+	// ApprovalKeys are the reactions that decide a tool call on its card;
+	// zero means journal.DefaultApprovalKeys. The agent API's cards must
+	// name the same.
+	ApprovalKeys journal.ApprovalKeys
 	// AutoJoin accepts room invites.
 	AutoJoin bool
 	// Placeholder, when set, is the content of a placeholder sent before
@@ -158,6 +162,9 @@ func Props(d Deps) *actor.Props {
 	}
 	if d.KeyDeadline <= 0 {
 		d.KeyDeadline = DefaultKeyDeadline
+	}
+	if d.ApprovalKeys == (journal.ApprovalKeys{}) {
+		d.ApprovalKeys = journal.DefaultApprovalKeys
 	}
 	if d.ApprovalSweep <= 0 {
 		d.ApprovalSweep = DefaultApprovalSweep

@@ -95,7 +95,7 @@ func (a *principalActor) cardEvent(ctx context.Context, ev *journal.Event) (hand
 	if ev.Kind == journal.KindRedaction && ev.Target != "" {
 		return a.cardRemoved(ctx, ev)
 	}
-	vote, ok := journal.ReadVote(*ev, journal.DefaultApprovalKeys)
+	vote, ok := journal.ReadVote(*ev, a.deps.ApprovalKeys)
 	if !ok || ev.Sender == a.deps.Transport.UserID() {
 		return false, nil
 	}
@@ -430,7 +430,7 @@ func (a *principalActor) requestApproval(ctx context.Context, e journal.PendingE
 	}
 	call, outcome, err := a.deps.Store.RequestApproval(ctx, journal.ApprovalRequest{EventID: e.EventID, CallID: ask.CallID,
 		Tool: ask.Tool, Arguments: ask.Arguments, Secret: ask.Secret, Approvers: ask.Approvers, ExpiresMS: expires,
-		Rendering: ask.Rendering}, journal.DefaultApprovalKeys)
+		Rendering: ask.Rendering}, a.deps.ApprovalKeys)
 	switch {
 	case errors.Is(err, journal.ErrNotPending):
 		return nil // settled meanwhile: nothing waits for the call

@@ -250,12 +250,12 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		Sender: matrix.NewSender(client), Reconciler: reconciler, DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
 		Crypto: machine, KeyDeadline: cfg.KeyDeadline, KeyNoticeAfter: keyNoticeAfter(cfg),
-		MaxUpload: cfg.MediaMaxBytes, TypingRenew: typingRenew(a),
+		MaxUpload: cfg.MediaMaxBytes, TypingRenew: typingRenew(a), ApprovalKeys: approvalKeys(a),
 		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
 	}))
 	d.actors = append(d.actors, pid)
 	d.apiAgents[a.Name] = api.Agent{Store: view, Conversation: conversation, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
-		Homeserver: homeserver{client}, Leave: func(ctx context.Context, room string) error {
+		Homeserver: homeserver{client}, ApprovalKeys: approvalKeys(a), Leave: func(ctx context.Context, room string) error {
 			res, err := d.system.Root.RequestFuture(pid, &principal.Leave{RoomID: room}, leaveTimeout).Result()
 			if err != nil {
 				return err

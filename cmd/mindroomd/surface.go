@@ -126,6 +126,11 @@ func typingRenew(a config.Agent) time.Duration {
 	return 0
 }
 
+// approvalKeys are the reactions of an agent's approval cards.
+func approvalKeys(a config.Agent) journal.ApprovalKeys {
+	return journal.ApprovalKeys{Approve: a.ApprovalKeys.Approve, Deny: a.ApprovalKeys.Deny}
+}
+
 // receiptMode is the receipts mode an agent's configuration asks for.
 func receiptMode(a config.Agent) receipts.Mode {
 	switch a.ReadReceipts {
