@@ -163,9 +163,6 @@ func Props(d Deps) *actor.Props {
 	if d.KeyDeadline <= 0 {
 		d.KeyDeadline = DefaultKeyDeadline
 	}
-	if d.ApprovalKeys == (journal.ApprovalKeys{}) {
-		d.ApprovalKeys = journal.DefaultApprovalKeys
-	}
 	if d.ApprovalSweep <= 0 {
 		d.ApprovalSweep = DefaultApprovalSweep
 	}

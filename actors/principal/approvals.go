@@ -95,7 +95,7 @@ func (a *principalActor) cardEvent(ctx context.Context, ev *journal.Event) (hand
 	if ev.Kind == journal.KindRedaction && ev.Target != "" {
 		return a.cardRemoved(ctx, ev)
 	}
-	vote, ok := journal.ReadVote(*ev, a.deps.ApprovalKeys)
+	vote, ok := journal.ReadVote(*ev, a.deps.approvalKeys())
 	if !ok || ev.Sender == a.deps.Transport.UserID() {
 		return false, nil
 	}
@@ -430,7 +430,7 @@ func (a *principalActor) requestApproval(ctx context.Context, e journal.PendingE
 	}
 	call, outcome, err := a.deps.Store.RequestApproval(ctx, journal.ApprovalRequest{EventID: e.EventID, CallID: ask.CallID,
 		Tool: ask.Tool, Arguments: ask.Arguments, Secret: ask.Secret, Approvers: ask.Approvers, ExpiresMS: expires,
-		Rendering: ask.Rendering}, a.deps.ApprovalKeys)
+		Rendering: ask.Rendering}, a.deps.approvalKeys())
 	switch {
 	case errors.Is(err, journal.ErrNotPending):
 		return nil // settled meanwhile: nothing waits for the call
@@ -445,4 +445,13 @@ func (a *principalActor) requestApproval(ctx context.Context, e journal.PendingE
 	a.log.Info().Str("event_id", e.EventID).Str("call_id", call.CallID).Str("tool", call.Tool).
 		Strs("approvers", call.Approvers).Time("expires", time.UnixMilli(call.ExpiresMS)).Msg("Approval asked")
 	return nil
+}
+
+// approvalKeys are the reactions that decide a call: the configured ones,
+// or journal.DefaultApprovalKeys.
+func (d Deps) approvalKeys() journal.ApprovalKeys {
+	if d.ApprovalKeys == (journal.ApprovalKeys{}) {
+		return journal.DefaultApprovalKeys
+	}
+	return d.ApprovalKeys
 }

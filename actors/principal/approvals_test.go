@@ -592,3 +592,18 @@ func (r *approvalRig) await(callID string, state journal.ApprovalState) {
 		}
 	}
 }
+
+func TestTheAgentsOwnApprovalKeysDecideAndTheDefaultsDoNot(t *testing.T) {
+	r := newApprovalRig(t)
+	r.a.deps.ApprovalKeys = journal.ApprovalKeys{Approve: "👍", Deny: "👎"}
+	r.ask("c1")
+	r.sendCard("c1", "$card")
+	r.sync(mx.Reaction("$tick", apAlice, 2000, "$card", "✅"))
+	if c := r.call("c1"); c.State != journal.ApprovalOpen {
+		t.Fatalf("after a default key the call is %+v; only the agent's keys decide", c)
+	}
+	r.sync(mx.Reaction("$thumb", apAlice, 2001, "$card", "👍"))
+	if c := r.call("c1"); c.State != journal.ApprovalApproved || c.DecisionEventID != "$thumb" {
+		t.Fatalf("after the agent's approve key the call is %+v", c)
+	}
+}
