@@ -214,53 +214,23 @@ func (s *server) approval(w http.ResponseWriter, r *http.Request, name string, a
 		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 		return
 	}
-	ctx := r.Context()
-	var (
-		wake    <-chan struct{}
-		timeout <-chan time.Time
-	)
-	if wait > 0 {
-		// Subscribed before the first read, so a decision committed between
-		// that read and the wait still wakes it.
-		sub := a.Hints.Subscribe(a.Store.Principal().String())
-		defer sub.Close()
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-		wake, timeout = sub.C(), timer.C
-	}
-	read := func() (approvalView, bool) {
-		ap, card, found, err := a.Store.Approval(ctx, callID)
+	longPoll(r.Context(), a, wait, func(last bool) bool {
+		ap, card, found, err := a.Store.Approval(r.Context(), callID)
 		switch {
 		case err != nil:
 			s.fail(w, r, name, err)
-			return approvalView{}, false
+			return true
 		case !found || ap.EventID != eventID:
 			writeError(w, http.StatusNotFound, codeNotFound, "no approval of this event has this call_id")
-			return approvalView{}, false
+			return true
 		}
-		return viewApproval(ap, card), true
-	}
-	for {
-		v, ok := read()
-		if !ok {
-			return
+		open := ap.State == journal.ApprovalOpen
+		if open && !last {
+			return false
 		}
-		if v.State != journal.ApprovalOpen.String() || wait == 0 {
-			writeJSON(w, http.StatusOK, approvalAnswer{approvalView: v})
-			return
-		}
-		select {
-		case <-wake:
-		case <-timeout:
-			// Read once more: a decision may have come with the deadline.
-			if v, ok = read(); ok {
-				writeJSON(w, http.StatusOK, approvalAnswer{approvalView: v, TimedOut: v.State == journal.ApprovalOpen.String()})
-			}
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
+		writeJSON(w, http.StatusOK, approvalAnswer{approvalView: viewApproval(ap, card), TimedOut: open && wait > 0})
+		return true
+	})
 }
 
 // listApprovals lists the approvals of one event, oldest first.

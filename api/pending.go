@@ -48,35 +48,40 @@ func (s *server) pending(w http.ResponseWriter, r *http.Request, name string, a 
 		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 		return
 	}
-	ctx := r.Context()
-	var (
-		wake    <-chan struct{}
-		timeout <-chan time.Time
-	)
-	if wait > 0 {
-		// Subscribed before the first read, so a commit between that read
-		// and the wait still wakes it.
-		sub := a.Hints.Subscribe(a.Store.Principal().String())
-		defer sub.Close()
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-		wake, timeout = sub.C(), timer.C
-	}
-	for {
-		items, next, err := readPending(ctx, a.Store, limit, after)
+	longPoll(r.Context(), a, wait, func(last bool) bool {
+		items, next, err := readPending(r.Context(), a.Store, limit, after)
 		if err != nil {
 			s.fail(w, r, name, err)
-			return
-		}
-		if len(items) > 0 || wait == 0 {
-			writeJSON(w, http.StatusOK, pendingResponse{Events: items, NextAfter: next})
-			return
+			return true
 		}
 		after = next
+		if len(items) == 0 && !last {
+			return false
+		}
+		writeJSON(w, http.StatusOK, pendingResponse{Events: items, NextAfter: next, TimedOut: len(items) == 0 && wait > 0})
+		return true
+	})
+}
+
+// longPoll calls poll until it has answered, waking on each commit of the
+// agent, for at most wait: poll returns true once it wrote the answer, and
+// last is set on the read that must answer (no wait, or the wait ran
+// out). It subscribes before the first read, so a commit between a read
+// and the wait still wakes it; a client that goes away ends it.
+func longPoll(ctx context.Context, a Agent, wait time.Duration, poll func(last bool) bool) {
+	if wait <= 0 {
+		poll(true)
+		return
+	}
+	sub := a.Hints.Subscribe(a.Store.Principal().String())
+	defer sub.Close()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for !poll(false) {
 		select {
-		case <-wake:
-		case <-timeout:
-			writeJSON(w, http.StatusOK, pendingResponse{Events: items, NextAfter: after, TimedOut: true})
+		case <-sub.C():
+		case <-timer.C:
+			poll(true)
 			return
 		case <-ctx.Done():
 			return

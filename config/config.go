@@ -38,7 +38,7 @@ const (
 	// directory.
 	DefaultPickleKeyFile = "pickle.key"
 	// DefaultKeyDeadline is how long an encrypted event waits for its key.
-	DefaultKeyDeadline = 24 * time.Hour
+	DefaultKeyDeadline = journal.DefaultKeyDeadline
 	// DefaultKeyNoticeAfter is how long a message waits for its key before
 	// the room is told.
 	DefaultKeyNoticeAfter = time.Minute

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 )
 
 // An encrypted event whose megolm session the daemon does not hold yet is
@@ -30,6 +31,11 @@ type AwaitingEvent struct {
 	// ReceivedMS is when it was journaled, in unix milliseconds.
 	ReceivedMS int64
 }
+
+// DefaultKeyDeadline is how long an encrypted event waits for its key
+// before it is settled as undecryptable: a day, so a sender's device
+// offline overnight still shares it.
+const DefaultKeyDeadline = 24 * time.Hour
 
 // KeyWait names a megolm session some journaled events wait on.
 type KeyWait struct {

@@ -29,8 +29,8 @@ const (
 	DefaultBackoffBase = time.Second
 	DefaultBackoffMax  = 5 * time.Minute
 	// DefaultKeyDeadline is how long an encrypted event waits for its key
-	// (a day: a sender's device offline overnight still shares it).
-	DefaultKeyDeadline = 24 * time.Hour
+	// (journal.DefaultKeyDeadline).
+	DefaultKeyDeadline = journal.DefaultKeyDeadline
 	// DefaultMaxUpload caps the file an agent answers with (20 MiB): the
 	// file is read whole before it is uploaded, so the cap bounds what a
 	// turn holds in memory. The homeserver's own limit may be lower; its
