@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -46,7 +45,7 @@ func TestAnMCPAgentKilledBetweenItsReplyAndTheAcknowledgementGetsOneMessage(t *t
 	bot := hs.Register(t, name, name+"-password-2b7c")
 	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
 	room := alice.CreateRoom(bot.UserID)
-	door := startReplyHold(t, hs.URL)
+	door := startSendHold(t, finalReply, hs.URL)
 	cfg := writeHTTPAgentConfig(t, door.URL, bot, name, token)
 	front := startAPIFront(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -366,53 +365,6 @@ func unacknowledged(t *testing.T, addr, agent string) (n float64, seen bool) {
 		n, seen = n+v, true
 	}
 	return n, seen
-}
-
-// startReplyHold is startSendHold's proxy, a sendHold, armed by the agent's
-// final reply (a delivery reply:… of stage final) instead of a keyed send:
-// it passes the reply on to the homeserver, reports the event ID it got on
-// forwarded, and goes dark, holding every answer the homeserver gives
-// after it until its caller goes away.
-func startReplyHold(t *testing.T, homeserver string) *sendHold {
-	t.Helper()
-	target, err := url.Parse(homeserver)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &sendHold{forwarded: make(chan string, 1)}
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(target) },
-		ModifyResponse: func(resp *http.Response) error {
-			if !h.dark.Load() {
-				return nil
-			}
-			ctx := resp.Request.Context()
-			<-ctx.Done()
-			return ctx.Err()
-		},
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) },
-		ErrorLog:     log.New(io.Discard, "", 0),
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h.armed.Load() && r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/send/") {
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			if finalReply(body) && h.armed.CompareAndSwap(true, false) {
-				h.dark.Store(true)
-				h.forwarded <- passHeld(target, r, body)
-				<-r.Context().Done()
-				return
-			}
-		}
-		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	h.URL = srv.URL
-	return h
 }
 
 // finalReply reports whether a send's content is the final stage of an

@@ -43,7 +43,7 @@ func TestAKeyedSendKilledBetweenSendAndAcknowledgementShowsOneMessage(t *testing
 	bot := hs.Register(t, "poster", "poster-password-3a9d")
 	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
 	room := alice.CreateRoom(bot.UserID)
-	door := startSendHold(t, hs.URL)
+	door := startSendHold(t, keyedSend, hs.URL)
 	const token = "api-token-of-the-posting-agent"
 	cfg := writeHTTPAgentConfig(t, door.URL, bot, "poster", token)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -787,7 +787,7 @@ func noisePNG(t *testing.T, w, h int, seed uint64) []byte {
 }
 
 // sendHold stands in front of the homeserver. Armed, it passes the
-// agent's next keyed send (a delivery send:…) on to the homeserver,
+// agent's next send of the kind it holds on to the homeserver,
 // reports the event ID the homeserver gave it on forwarded, and goes dark:
 // the send's answer, and every answer the homeserver gives after it, is
 // held until its caller goes away. The homeserver has the message, and the
@@ -808,7 +808,9 @@ func (h *sendHold) disarm() {
 	h.dark.Store(false)
 }
 
-func startSendHold(t *testing.T, homeserver string) *sendHold {
+// startSendHold starts the proxy, armed by the first send whose content
+// holds says it is the one to hold.
+func startSendHold(t *testing.T, holds func(body []byte) bool, homeserver string) *sendHold {
 	t.Helper()
 	target, err := url.Parse(homeserver)
 	if err != nil {
@@ -832,14 +834,14 @@ func startSendHold(t *testing.T, homeserver string) *sendHold {
 		ErrorLog:     log.New(io.Discard, "", 0),
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h.armed.Load() && r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/send/m.room.message/") {
+		if h.armed.Load() && r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/send/") {
 			body, err := io.ReadAll(r.Body)
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
-			if keyedSend(body) && h.armed.CompareAndSwap(true, false) {
+			if holds(body) && h.armed.CompareAndSwap(true, false) {
 				h.dark.Store(true)
 				h.forwarded <- passHeld(target, r, body)
 				<-r.Context().Done()
