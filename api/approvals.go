@@ -37,6 +37,10 @@ type approvalRequest struct {
 	// Rendering, optional, is the agent's own words for the call, shown on
 	// the card above it.
 	Rendering string `json:"rendering"`
+	// Context, optional, is the agent's own state (any JSON value, within
+	// the request's 64 KiB), kept with the request and shown with it, so an
+	// agent that restarts resumes from it.
+	Context json.RawMessage `json:"context"`
 }
 
 // approvalResponse answers an approval request.
@@ -77,6 +81,9 @@ type approvalView struct {
 	CardEventID string `json:"card_event_id"`
 	CreatedAtMS int64  `json:"created_at_ms"`
 	ExpiresAtMS int64  `json:"expires_at_ms"`
+	// Context is the agent's own state as it asked, absent when it kept
+	// none.
+	Context json.RawMessage `json:"context,omitempty"`
 }
 
 // approvalAnswer is one approval read, perhaps after a wait.
@@ -90,7 +97,7 @@ func viewApproval(a journal.Approval, cardEventID string) approvalView {
 	v := approvalView{CallID: a.CallID, EventID: a.EventID, RoomID: a.RoomID, Tool: a.Tool, Arguments: a.Arguments,
 		Secret: a.Secret, Approvers: a.Approvers, State: a.State.String(), DecidedBy: a.DecidedBy,
 		DecisionEventID: a.DecisionEventID, DecidedAtMS: a.DecidedMS, Reason: a.Reason, CardEventID: cardEventID,
-		CreatedAtMS: a.CreatedMS, ExpiresAtMS: a.ExpiresMS}
+		CreatedAtMS: a.CreatedMS, ExpiresAtMS: a.ExpiresMS, Context: a.Context}
 	if v.Secret == nil {
 		v.Secret = []string{}
 	}
@@ -137,7 +144,7 @@ func (s *server) requestApproval(w http.ResponseWriter, r *http.Request, name st
 	defer s.lock(name, journal.ApprovalDeliveryID(req.CallID))()
 	ap, outcome, err := a.Store.RequestApproval(r.Context(), journal.ApprovalRequest{EventID: eventID,
 		CallID: req.CallID, Tool: req.Tool, Arguments: req.Arguments, Secret: req.Secret, Approvers: req.Approvers,
-		ExpiresMS: expires, Rendering: req.Rendering}, a.approvalKeys())
+		ExpiresMS: expires, Rendering: req.Rendering, Context: req.Context}, a.approvalKeys())
 	if err != nil {
 		s.failApproval(w, r, name, err)
 		return

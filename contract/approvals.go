@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/mindroomd/mindroomd/journal"
@@ -250,6 +251,63 @@ func TestApprovals(t *testing.T, f Factory) {
 		}
 		if _, _, err := other.DecideApproval(ctx, "c1", journal.ApprovalDecision{State: journal.ApprovalApproved, By: alice}); !errors.Is(err, journal.ErrNoApproval) {
 			t.Fatalf("another principal's decision = %v, want ErrNoApproval", err)
+		}
+	})
+
+	t.Run("AnApprovedCallRunsOnceAndTheAgentsContextComesBackWithIt", func(t *testing.T) {
+		fx := newFixture(t, f)
+		fx.live(msg("$q", alice, 1000, "mail bob"))
+		step := json.RawMessage(`{"steps":[{"calls":[{"id":"x","name":"send_mail"}]}]}`)
+		if _, _, err := fx.v.RequestApproval(ctx, journal.ApprovalRequest{EventID: "$q", CallID: "c1", Tool: "send_mail",
+			Arguments: json.RawMessage(args), ExpiresMS: farFuture, Context: step}, journal.DefaultApprovalKeys); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := fx.v.StartToolRun(ctx, "c1"); !errors.Is(err, journal.ErrNotApproved) {
+			t.Fatalf("running an open call = %v, want ErrNotApproved", err)
+		}
+		if _, _, err := fx.v.StartToolRun(ctx, "c9"); !errors.Is(err, journal.ErrNoApproval) {
+			t.Fatalf("running a call never asked = %v, want ErrNoApproval", err)
+		}
+		if _, err := fx.v.FinishToolRun(ctx, "c1", "sent"); !errors.Is(err, journal.ErrInvalidArgument) {
+			t.Fatalf("finishing a run never started = %v, want ErrInvalidArgument", err)
+		}
+		fx.sendCard("c1", "$card")
+		if _, _, err := fx.v.DecideApproval(ctx, "c1", journal.ApprovalDecision{State: journal.ApprovalApproved, By: alice}); err != nil {
+			t.Fatal(err)
+		}
+		a, started, err := fx.v.StartToolRun(ctx, "c1")
+		if err != nil || !started || a.Run != journal.ToolRunStarted {
+			t.Fatalf("the first start = %+v, %v, %v; want it claimed", a.Run, started, err)
+		}
+		// A crash after the claim: the run is found started, never claimed
+		// again, so it cannot run a second time.
+		fx.restart()
+		a, started, err = fx.v.StartToolRun(ctx, "c1")
+		if err != nil || started || a.Run != journal.ToolRunStarted {
+			t.Fatalf("a start after the restart = %+v, %v, %v; want the earlier claim", a.Run, started, err)
+		}
+		if _, err := fx.v.FinishToolRun(ctx, "c1", strings.Repeat("x", journal.MaxToolResultBytes+1)); !errors.Is(err, journal.ErrInvalidArgument) {
+			t.Fatalf("a result too large = %v, want ErrInvalidArgument", err)
+		}
+		if a, err = fx.v.FinishToolRun(ctx, "c1", "sent to bob"); err != nil || a.Run != journal.ToolRunFinished {
+			t.Fatalf("finish = %+v, %v", a.Run, err)
+		}
+		if a, err = fx.v.FinishToolRun(ctx, "c1", "something else"); err != nil || a.RunResult != "sent to bob" {
+			t.Fatalf("finishing again = %q, %v; want the first result kept", a.RunResult, err)
+		}
+		got, err := fx.v.ApprovalsForEvent(ctx, "$q")
+		if err != nil || len(got) != 1 {
+			t.Fatalf("approvals = %+v, %v", got, err)
+		}
+		if got[0].Run != journal.ToolRunFinished || got[0].RunResult != "sent to bob" || string(got[0].Context) != string(step) {
+			t.Fatalf("the turn's approval = run %v %q, context %s; want finished, its result, and the context as asked",
+				got[0].Run, got[0].RunResult, got[0].Context)
+		}
+		// Asked again with other context, the request is the recorded one.
+		again, out, err := fx.v.RequestApproval(ctx, journal.ApprovalRequest{EventID: "$q", CallID: "c1", Tool: "send_mail",
+			Arguments: json.RawMessage(args), ExpiresMS: farFuture, Context: json.RawMessage(`{}`)}, journal.DefaultApprovalKeys)
+		if err != nil || out != journal.ApprovalReplayed || string(again.Context) != string(step) {
+			t.Fatalf("asked again = %v, %v, context %s", out, err, again.Context)
 		}
 	})
 }

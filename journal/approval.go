@@ -34,6 +34,12 @@ const (
 	MaxRenderingBytes = 4 << 10
 	// ApprovalKey is the content key that marks a card with its call.
 	ApprovalKey = "io.mindroomd.approval"
+	// MaxApprovalContextBytes bounds the state an agent keeps with a
+	// request (ApprovalRequest.Context).
+	MaxApprovalContextBytes = 256 << 10
+	// MaxToolResultBytes bounds what a tool run's record keeps of its
+	// result.
+	MaxToolResultBytes = 64 << 10
 )
 
 // Approval errors.
@@ -45,6 +51,8 @@ var (
 	// ErrNotPending refuses a request for an event that no longer owes its
 	// turn.
 	ErrNotPending = errors.New("event not pending")
+	// ErrNotApproved refuses to run a call nobody approved.
+	ErrNotApproved = errors.New("the call is not approved")
 )
 
 // ApprovalState is where an approval is.
@@ -97,7 +105,29 @@ type ApprovalRequest struct {
 	// Rendering, optional, is the agent's own words for the call, shown
 	// above it.
 	Rendering string
+	// Context, optional, is the agent's own state at the moment it asked
+	// (one JSON value), kept with the request and handed back with the
+	// decision, so an agent resumes from it rather than compute it again.
+	// It is not part of the call: asking again with other context is the
+	// same request, and the recorded context stays.
+	Context json.RawMessage
 }
+
+// ToolRunState is where the run of an approved call is, for an agent that
+// has the daemon run its tools: a run is claimed before it starts, so a
+// crash in the middle never runs the call a second time.
+type ToolRunState uint8
+
+// Tool run states.
+const (
+	// ToolRunNone: the call has not been started.
+	ToolRunNone ToolRunState = 0
+	// ToolRunStarted: the call was claimed and started; no result was
+	// recorded. Found so after a restart, it may or may not have finished.
+	ToolRunStarted ToolRunState = 1
+	// ToolRunFinished: the call ran and its result is recorded.
+	ToolRunFinished ToolRunState = 2
+)
 
 // Approval is a request as the ledger holds it.
 type Approval struct {
@@ -118,6 +148,10 @@ type Approval struct {
 	DecidedMS       int64
 	// Reason says why an approval was withdrawn or expired.
 	Reason string
+	// Run is where the run of an approved call is, and RunResult what it
+	// returned once finished.
+	Run       ToolRunState
+	RunResult string
 }
 
 // ApprovalDeliveryID names the card of callID: its initial stage is the
@@ -157,6 +191,10 @@ func ValidateApproval(r ApprovalRequest, now time.Time) error {
 		return fmt.Errorf("%w: expires is not in the future", ErrInvalidArgument)
 	case len(r.Rendering) > MaxRenderingBytes:
 		return fmt.Errorf("%w: rendering is larger than %d bytes", ErrInvalidArgument, MaxRenderingBytes)
+	case len(r.Context) > MaxApprovalContextBytes:
+		return fmt.Errorf("%w: context is larger than %d bytes", ErrInvalidArgument, MaxApprovalContextBytes)
+	case r.Context != nil && !json.Valid(r.Context):
+		return fmt.Errorf("%w: context is not JSON", ErrInvalidArgument)
 	}
 	for _, a := range r.Approvers {
 		if !ValidUserID(a) {
@@ -428,6 +466,21 @@ type Approvals interface {
 	// after, in the order they were written, with each one's number: a
 	// cursor a reader follows to learn each decision once.
 	DecidedAfter(ctx context.Context, after int64, limit int) ([]Approval, []int64, error)
+	ToolRuns
+}
+
+// ToolRuns records the runs of approved calls an agent has the daemon run,
+// so each runs at most once whatever crashes.
+type ToolRuns interface {
+	// StartToolRun claims the run of an approved call: started is true
+	// when this call claimed it, and the run may go ahead; false when it
+	// was claimed before, and a.Run says how far it got (a.RunResult its
+	// result once finished). A call not approved is ErrNotApproved.
+	StartToolRun(ctx context.Context, callID string) (a Approval, started bool, err error)
+	// FinishToolRun records the result of a run StartToolRun claimed, at
+	// most MaxToolResultBytes (ErrInvalidArgument beyond); recording it
+	// again changes nothing.
+	FinishToolRun(ctx context.Context, callID, result string) (Approval, error)
 }
 
 // Decided is a with the decision state made by who with event at nowMS.

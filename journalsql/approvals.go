@@ -12,19 +12,25 @@ import (
 // scanApproval reads one row in the dialects' approval column order:
 // call_id, event_id, room_id, thread_id, tool, arguments, secret,
 // approvers, rendering, call_hash, expires_ms, epoch, created_ms, state,
-// decided_by, decision_event_id, decided_ms, reason.
+// decided_by, decision_event_id, decided_ms, reason, context, run_state,
+// run_result.
 func scanApproval(row Row) (journal.Approval, error) {
 	var (
-		a                          journal.Approval
-		thread, args, secret, apps string
-		state                      int
+		a                                   journal.Approval
+		thread, args, secret, apps, context string
+		state, run                          int
 	)
 	err := row.Scan(&a.CallID, &a.EventID, &a.RoomID, &thread, &a.Tool, &args, &secret, &apps, &a.Rendering,
-		&a.CallHash, &a.ExpiresMS, &a.Epoch, &a.CreatedMS, &state, &a.DecidedBy, &a.DecisionEventID, &a.DecidedMS, &a.Reason)
+		&a.CallHash, &a.ExpiresMS, &a.Epoch, &a.CreatedMS, &state, &a.DecidedBy, &a.DecisionEventID, &a.DecidedMS, &a.Reason,
+		&context, &run, &a.RunResult)
 	if err != nil {
 		return a, err
 	}
 	a.Thread, a.Arguments, a.State = journal.DecodeThread(thread), json.RawMessage(args), journal.ApprovalState(state)
+	a.Run = journal.ToolRunState(run)
+	if context != "" {
+		a.Context = json.RawMessage(context)
+	}
 	if err := json.Unmarshal([]byte(secret), &a.Secret); err != nil {
 		return a, fmt.Errorf("%w: approval %s: secret: %v", journal.ErrCorrupt, a.CallID, err)
 	}
@@ -107,7 +113,7 @@ func RequestApproval(tx Tx, p Principal, req journal.ApprovalRequest, keys journ
 	approvers, _ := json.Marshal(a.Approvers)
 	_, err = tx.Exec(InsertApproval, p.ID, a.CallID, a.EventID, a.RoomID, threadKey, a.Tool, tx.Text(string(a.Arguments)),
 		tx.Text(string(secret)), tx.Text(string(approvers)), tx.Text(a.Rendering), a.CallHash,
-		journal.ApprovalDeliveryID(a.CallID), a.ExpiresMS, a.Epoch, a.CreatedMS)
+		journal.ApprovalDeliveryID(a.CallID), a.ExpiresMS, a.Epoch, a.CreatedMS, tx.Text(string(a.Context)))
 	if err != nil {
 		return a, false, nil, fmt.Errorf("insert approval: %w", err)
 	}
@@ -160,6 +166,52 @@ func DecideApproval(tx Tx, p Principal, callID string, d journal.ApprovalDecisio
 		return a, false, nil, err
 	}
 	return a, true, hints, nil
+}
+
+// StartToolRun claims the run of p's approved call callID, in tx: started
+// is true when this transaction claimed it; false when it was claimed
+// before, the approval then saying how far the run got.
+func StartToolRun(tx Tx, p Principal, callID string) (journal.Approval, bool, error) {
+	a, ok, err := loadApproval(tx, p, callID)
+	switch {
+	case err != nil:
+		return a, false, err
+	case !ok:
+		return a, false, fmt.Errorf("%w: %s", journal.ErrNoApproval, callID)
+	case a.State != journal.ApprovalApproved:
+		return a, false, fmt.Errorf("%w: %s is %s", journal.ErrNotApproved, callID, a.State)
+	case a.Run != journal.ToolRunNone:
+		return a, false, nil
+	}
+	if _, err := tx.Exec(StartToolRunRow, p.ID, callID); err != nil {
+		return a, false, fmt.Errorf("start tool run: %w", err)
+	}
+	a.Run = journal.ToolRunStarted
+	return a, true, nil
+}
+
+// FinishToolRun records the result of p's started run of callID, in tx;
+// a run finished before keeps its first result.
+func FinishToolRun(tx Tx, p Principal, callID, result string) (journal.Approval, error) {
+	if len(result) > journal.MaxToolResultBytes {
+		return journal.Approval{}, fmt.Errorf("%w: a tool result is larger than %d bytes", journal.ErrInvalidArgument, journal.MaxToolResultBytes)
+	}
+	a, ok, err := loadApproval(tx, p, callID)
+	switch {
+	case err != nil:
+		return a, err
+	case !ok:
+		return a, fmt.Errorf("%w: %s", journal.ErrNoApproval, callID)
+	case a.Run == journal.ToolRunFinished:
+		return a, nil
+	case a.Run != journal.ToolRunStarted:
+		return a, fmt.Errorf("%w: the run of %s was never started", journal.ErrInvalidArgument, callID)
+	}
+	if _, err := tx.Exec(FinishToolRunRow, tx.Text(result), p.ID, callID); err != nil {
+		return a, fmt.Errorf("finish tool run: %w", err)
+	}
+	a.Run, a.RunResult = journal.ToolRunFinished, tx.Text(result)
+	return a, nil
 }
 
 // editCard enqueues the decided card's one edit, or retires a card never

@@ -81,13 +81,15 @@ const (
 
 	SelectApproval            // (principal, call_id) → an approval
 	SelectApprovalSource      // (principal, EventKey) → room_id, thread_id, pending, payload ('' when settled)
-	InsertApproval            // (principal, call_id, event_id, room, thread, tool, arguments, secret, approvers, rendering, call_hash, card_delivery_id, expires_ms, epoch, created_ms)
+	InsertApproval            // (principal, call_id, event_id, room, thread, tool, arguments, secret, approvers, rendering, call_hash, card_delivery_id, expires_ms, epoch, created_ms, context)
 	DecideApprovalRow         // (state, decided_by, decision_event_id, decided_ms, reason, principal, call_id); only while open, taking the next decided_seq
 	SelectCardApproval        // (principal, card event_id) → an approval
 	SelectApprovalsForEvent   // (principal, event_id) → approvals, oldest first
 	SelectOpenApprovalsInRoom // (principal, room) → open approvals
 	SelectDueApprovals        // (principal, now_ms, limit) → open approvals expiring by now, soonest first
 	SelectDecidedAfter        // (principal, after decided_seq, limit) → approvals and their decided_seq, in decision order
+	StartToolRunRow           // (principal, call_id); only an approved call never started
+	FinishToolRunRow          // (result, principal, call_id); only a started run
 
 	// Turn records.
 

@@ -75,6 +75,8 @@ var statements = [journalsql.NumStmts]string{
 	journalsql.SelectOpenApprovalsInRoom: selectOpenApprovalsInRoom,
 	journalsql.SelectDueApprovals:        selectDueApprovals,
 	journalsql.SelectDecidedAfter:        selectDecidedAfter,
+	journalsql.StartToolRunRow:           startToolRunRow,
+	journalsql.FinishToolRunRow:          finishToolRunRow,
 	journalsql.DeleteOwedRoom:            deleteOwedRoom,
 	journalsql.FenceVisible:              fenceVisible,
 	journalsql.FenceHeldEdits:            fenceHeldEdits,

@@ -71,3 +71,26 @@ func (v *View) DecidedAfter(ctx context.Context, after int64, limit int) ([]jour
 func (v *View) DueApprovals(ctx context.Context, nowMS int64, limit int) ([]journal.Approval, error) {
 	return journalsql.DueApprovals(ctx, v.r, v.p, nowMS, limit)
 }
+
+// StartToolRun implements journal.ToolRuns.
+func (v *View) StartToolRun(ctx context.Context, callID string) (journal.Approval, bool, error) {
+	var (
+		a       journal.Approval
+		started bool
+	)
+	err := v.w.Do(ctx, "start tool run", 0, func(tx journalsql.Tx) (_ []hint.Hint, err error) {
+		a, started, err = journalsql.StartToolRun(tx, v.p, callID)
+		return nil, err
+	})
+	return a, started, err
+}
+
+// FinishToolRun implements journal.ToolRuns.
+func (v *View) FinishToolRun(ctx context.Context, callID, result string) (journal.Approval, error) {
+	var a journal.Approval
+	err := v.w.Do(ctx, "finish tool run", len(result), func(tx journalsql.Tx) (_ []hint.Hint, err error) {
+		a, err = journalsql.FinishToolRun(tx, v.p, callID, result)
+		return nil, err
+	})
+	return a, err
+}

@@ -1,0 +1,9 @@
+-- v4: approval context and tool runs, as in the SQLite journal's v8.
+
+-- context is the agent's own state when it asked ('' for none), handed
+-- back with the decision. run_state (0 not started, 1 started, 2
+-- finished) is claimed before an approved call runs, so a crash never runs
+-- it twice; run_result is what it returned.
+ALTER TABLE approvals ADD COLUMN context text NOT NULL DEFAULT '';
+ALTER TABLE approvals ADD COLUMN run_state smallint NOT NULL DEFAULT 0;
+ALTER TABLE approvals ADD COLUMN run_result text NOT NULL DEFAULT '';
