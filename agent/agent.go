@@ -54,6 +54,9 @@ type Turn struct {
 	// none. A call runs only when its State is journal.ApprovalApproved;
 	// denied, expired and withdrawn are final.
 	Approvals []journal.Approval
+	// ToolRuns records the runs of approved calls a back-end runs itself
+	// (OpenAI's tools), so each runs at most once.
+	ToolRuns journal.ToolRuns
 }
 
 // ErrInvalidReply reports a Reply that is not exactly one answer.
@@ -100,6 +103,9 @@ type ApprovalAsk struct {
 	// Rendering, optional, is the agent's own words for the call, shown on
 	// the card above it.
 	Rendering string
+	// Context, optional, is the agent's state as it asks (one JSON value),
+	// handed back with the decision in Turn.Approvals.
+	Context json.RawMessage
 }
 
 // File is a local file an agent answers with.

@@ -206,57 +206,20 @@ func textBody(content json.RawMessage) string {
 
 // run starts the command, feeds it the request and parses its reply.
 func (e Exec) run(ctx context.Context, req []byte, eventID string) (Reply, error) {
-	if len(e.Command) == 0 || e.Command[0] == "" {
-		return Reply{}, errors.New("no command")
-	}
 	timeout := e.Timeout
 	if timeout <= 0 {
 		timeout = DefaultExecTimeout
 	}
-	runCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-
-	cmd := exec.CommandContext(runCtx, e.Command[0], e.Command[1:]...)
-	cmd.Env = e.environ()
-	// Its own process group, so a timeout, or the command's exit, also
-	// kills what the command started (a shell's children, an interpreter's
-	// workers) rather than leave them holding stdout and running on.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	stdout := &cappedBuffer{max: MaxExecOutput}
-	stderr := &tailBuffer{max: execStderrTail}
-	pipes, err := newExecIO(cmd)
-	if err != nil {
-		return Reply{}, err
-	}
-
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		pipes.abandon()
-		return Reply{}, err
-	}
-	pipes.serve(req, stdout, stderr)
-	err = cmd.Wait()
-	// The command is done, and its answer with it: a child it left in the
-	// background would hold stdout open and run on, unwatched. The group's
-	// ID stays taken while any member of it lives, so the kill reaches the
-	// command's leftovers and nothing else.
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	held := !pipes.drain(execWaitDelay)
-	took := time.Since(start)
+	out, err := runCommand(ctx, e.Command, e.Env, timeout, req, MaxExecOutput)
 	switch {
-	case runCtx.Err() != nil && ctx.Err() == nil:
-		return Reply{}, withStderr(fmt.Errorf("%w after %s", ErrExecTimeout, timeout), stderr)
-	case ctx.Err() != nil:
-		return Reply{}, ctx.Err()
 	case err != nil:
-		return Reply{}, withStderr(err, stderr)
-	case stdout.over:
-		return Reply{}, withStderr(fmt.Errorf("%w: stdout exceeds %d bytes", ErrExecReply, MaxExecOutput), stderr)
+		return Reply{}, err
+	case out.stdout.over:
+		return Reply{}, withStderr(fmt.Errorf("%w: stdout exceeds %d bytes", ErrExecReply, MaxExecOutput), out.stderr)
 	}
-	reply, err := parseReply(stdout.buf.Bytes())
+	reply, err := parseReply(out.stdout.buf.Bytes())
 	if err != nil {
-		return Reply{}, withStderr(err, stderr)
+		return Reply{}, withStderr(err, out.stderr)
 	}
 	if f := reply.Attachment; f != nil && !filepath.IsAbs(f.Path) {
 		// Relative to the command's working directory, which is the
@@ -266,24 +229,85 @@ func (e Exec) run(ctx context.Context, req []byte, eventID string) (Reply, error
 			return Reply{}, fmt.Errorf("%w: attachment path: %w", ErrExecReply, err)
 		}
 	}
-	if held {
+	if out.held {
 		e.Log.Warn().Str("event_id", eventID).Dur("waited", execWaitDelay).
 			Msg("A process the exec agent started outside its process group still holds its output; the reply is taken as it was")
 	}
-	e.Log.Debug().Str("event_id", eventID).Dur("took", took).Bool("ignore", reply.Ignore).
+	e.Log.Debug().Str("event_id", eventID).Dur("took", out.took).Bool("ignore", reply.Ignore).
 		Str("react", reply.React).Bool("attachment", reply.Attachment != nil).
-		Str("stderr", stderr.String()).Msg("Exec agent answered")
+		Str("stderr", out.stderr.String()).Msg("Exec agent answered")
 	return reply, nil
 }
 
-// environ is the command's environment: the daemon's variables that
-// execEnv, the locale's prefix or Env name. It is never nil, which would
+// commandOutput is what one run of a command left: its stdout (at most
+// the cap it was run with), the end of its stderr, whether a process it
+// left outside its group still held them when it was done, and how long
+// it took.
+type commandOutput struct {
+	stdout *cappedBuffer
+	stderr *tailBuffer
+	held   bool
+	took   time.Duration
+}
+
+// runCommand runs command, not through a shell, with input on its stdin,
+// in a process group of its own and an environment cut down to what
+// commandEnv lets through, for at most timeout. A non-zero exit is an
+// error carrying the end of stderr; a timeout is ErrExecTimeout; ctx's end
+// is ctx's error.
+func runCommand(ctx context.Context, command, env []string, timeout time.Duration, input []byte, maxOut int) (commandOutput, error) {
+	if len(command) == 0 || command[0] == "" {
+		return commandOutput{}, errors.New("no command")
+	}
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	cmd := exec.CommandContext(runCtx, command[0], command[1:]...)
+	cmd.Env = commandEnv(env)
+	// Its own process group, so a timeout, or the command's exit, also
+	// kills what the command started (a shell's children, an interpreter's
+	// workers) rather than leave them holding stdout and running on.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out := commandOutput{stdout: &cappedBuffer{max: maxOut}, stderr: &tailBuffer{max: execStderrTail}}
+	pipes, err := newExecIO(cmd)
+	if err != nil {
+		return out, err
+	}
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		pipes.abandon()
+		return out, err
+	}
+	pipes.serve(input, out.stdout, out.stderr)
+	err = cmd.Wait()
+	// The command is done, and its answer with it: a child it left in the
+	// background would hold stdout open and run on, unwatched. The group's
+	// ID stays taken while any member of it lives, so the kill reaches the
+	// command's leftovers and nothing else.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	out.held = !pipes.drain(execWaitDelay)
+	out.took = time.Since(start)
+	switch {
+	case runCtx.Err() != nil && ctx.Err() == nil:
+		return out, withStderr(fmt.Errorf("%w after %s", ErrExecTimeout, timeout), out.stderr)
+	case ctx.Err() != nil:
+		return out, ctx.Err()
+	case err != nil:
+		return out, withStderr(err, out.stderr)
+	}
+	return out, nil
+}
+
+// commandEnv is a command's environment: the daemon's variables that
+// execEnv, the locale's prefix or extra name. It is never nil, which would
 // hand the command the daemon's whole environment.
-func (e Exec) environ() []string {
+func commandEnv(extra []string) []string {
 	env := []string{}
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if slices.Contains(execEnv, name) || strings.HasPrefix(name, execLocalePrefix) || slices.Contains(e.Env, name) {
+		if slices.Contains(execEnv, name) || strings.HasPrefix(name, execLocalePrefix) || slices.Contains(extra, name) {
 			env = append(env, kv)
 		}
 	}

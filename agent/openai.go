@@ -45,6 +45,9 @@ const (
 	// DefaultMaxImageBytes caps one image a vision request carries when
 	// OpenAIOptions.MaxImageBytes is zero: OpenAI's own limit per image.
 	DefaultMaxImageBytes = 20 << 20
+	// MaxToolCallsPerStep bounds the calls one answer of the model may
+	// make; more are dropped.
+	MaxToolCallsPerStep = 16
 	// MaxVisionImages is how many images one request carries at most, the
 	// newest of its window: each is sent whole, base64, with every request,
 	// and a long conversation of pictures would make every turn pay for
@@ -142,6 +145,9 @@ type OpenAIOptions struct {
 	// MaxImageBytes caps one image; zero means DefaultMaxImageBytes. A
 	// larger image is "[image not available]".
 	MaxImageBytes int64
+	// Tools are the functions the model may call (Tool); none, and the
+	// model is offered none.
+	Tools []Tool
 	// Now is the clock progress edits are spaced by; nil means time.Now.
 	Now func() time.Time
 	// Log receives a line per answer.
@@ -170,6 +176,7 @@ type OpenAI struct {
 	vision      bool
 	fetch       func(ctx context.Context, mxcURL string, max int64) ([]byte, string, error)
 	maxImage    int64
+	tools       []Tool
 	now         func() time.Time
 	log         zerolog.Logger
 	// scrub blanks the API key out of a server's error message. The key
@@ -208,7 +215,7 @@ func NewOpenAI(o OpenAIOptions) *OpenAI {
 	}
 	return &OpenAI{completions: openai.NewChatCompletionService(opts...), model: o.Model, system: o.SystemPrompt,
 		context: o.ContextMessages, stream: o.Stream, self: o.UserID, timeout: o.Timeout, now: o.Now, log: o.Log,
-		scrub: scrub, vision: o.Vision, fetch: o.FetchMedia, maxImage: o.MaxImageBytes}
+		scrub: scrub, vision: o.Vision, fetch: o.FetchMedia, maxImage: o.MaxImageBytes, tools: o.Tools}
 }
 
 // Placeholder is the content the principal sends before a streamed answer
@@ -239,26 +246,56 @@ func (o *OpenAI) Answer(ctx context.Context, turn Turn) (Reply, error) {
 		// image: nothing to answer.
 		return Reply{Ignore: true}, nil
 	}
-	params := openai.ChatCompletionNewParams{Model: o.model, Messages: messages}
 	start := o.now()
+	tr, decided := resumed(turn.Approvals)
 	var (
 		text     string
 		finish   string
 		progress int
 	)
-	if o.stream {
-		text, finish, progress, err = o.streamAnswer(runCtx, params, turn.Progress)
-	} else {
-		text, finish, err = o.answer(runCtx, params)
+	for {
+		ask, err := o.settleCalls(runCtx, turn, &tr, decided)
+		if err != nil {
+			return Reply{}, o.failed(ctx, runCtx, err)
+		}
+		if ask != nil {
+			o.log.Info().Str("event_id", turn.Event.EventID).Str("call_id", ask.CallID).Str("tool", ask.Tool).
+				Msg("The model called a tool that needs approval; a person is asked")
+			return Reply{Approval: ask}, nil
+		}
+		params := openai.ChatCompletionNewParams{Model: o.model, Messages: append(messages, tr.messages()...)}
+		if len(o.tools) > 0 {
+			params.Tools = toolParams(o.tools)
+			if len(tr.Steps) >= MaxToolSteps {
+				params.ToolChoice.OfAuto = openai.String("none")
+			}
+		}
+		var (
+			calls []toolCall
+			edits int
+		)
+		if o.stream {
+			text, finish, calls, edits, err = o.streamAnswer(runCtx, params, turn.Progress)
+		} else {
+			text, finish, calls, err = o.answer(runCtx, params)
+		}
+		progress += edits
+		if err != nil {
+			return Reply{}, o.failed(ctx, runCtx, err)
+		}
+		if len(calls) == 0 || len(o.tools) == 0 || len(tr.Steps) >= MaxToolSteps {
+			break
+		}
+		for i := range calls {
+			if calls[i].ID == "" {
+				// A server that names no calls: the results still need an
+				// ID to answer, one the step's calls do not share.
+				calls[i].ID = fmt.Sprintf("call_%d_%d", len(tr.Steps), i)
+			}
+		}
+		tr.Steps = append(tr.Steps, toolStep{Content: text, Calls: calls})
 	}
-	switch {
-	case err != nil && runCtx.Err() != nil && ctx.Err() == nil:
-		return Reply{}, fmt.Errorf("openai agent: %w after %s", ErrOpenAITimeout, o.timeout)
-	case err != nil && ctx.Err() != nil:
-		return Reply{}, ctx.Err()
-	case err != nil:
-		return Reply{}, fmt.Errorf("openai agent: %w", err)
-	case strings.TrimSpace(text) == "":
+	if strings.TrimSpace(text) == "" {
 		return Reply{}, fmt.Errorf("openai agent: %w (finish reason %q)", ErrOpenAIEmpty, finish)
 	}
 	content, truncated, err := o.content(text)
@@ -266,7 +303,7 @@ func (o *OpenAI) Answer(ctx context.Context, turn Turn) (Reply, error) {
 		return Reply{}, fmt.Errorf("openai agent: %w", err)
 	}
 	o.log.Debug().Str("event_id", turn.Event.EventID).Dur("took", o.now().Sub(start)).Int("history", len(messages)).Int("images", images).
-		Int("answer_bytes", len(text)).Str("finish_reason", finish).Int("progress_edits", progress).Msg("Model answered")
+		Int("tool_steps", len(tr.Steps)).Int("answer_bytes", len(text)).Str("finish_reason", finish).Int("progress_edits", progress).Msg("Model answered")
 	if truncated {
 		o.log.Warn().Str("event_id", turn.Event.EventID).Int("answer_bytes", len(text)).
 			Msg("The model's answer is larger than one message; it was cut short")
@@ -274,16 +311,35 @@ func (o *OpenAI) Answer(ctx context.Context, turn Turn) (Reply, error) {
 	return Reply{Content: content}, nil
 }
 
-// answer asks for the whole answer at once.
-func (o *OpenAI) answer(ctx context.Context, params openai.ChatCompletionNewParams) (text, finish string, err error) {
+// failed is the error a turn fails with: its timeout, the daemon's stop,
+// or err.
+func (o *OpenAI) failed(ctx, runCtx context.Context, err error) error {
+	switch {
+	case runCtx.Err() != nil && ctx.Err() == nil:
+		return fmt.Errorf("openai agent: %w after %s", ErrOpenAITimeout, o.timeout)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return fmt.Errorf("openai agent: %w", err)
+}
+
+// answer asks for the whole answer at once: its text, and the tools it
+// calls, if any.
+func (o *OpenAI) answer(ctx context.Context, params openai.ChatCompletionNewParams) (text, finish string, calls []toolCall, err error) {
 	res, err := o.completions.New(ctx, params)
 	if err != nil {
-		return "", "", o.refusal(err)
+		return "", "", nil, o.refusal(err)
 	}
 	if len(res.Choices) == 0 {
-		return "", "", fmt.Errorf("%w: no choices", ErrOpenAIEmpty)
+		return "", "", nil, fmt.Errorf("%w: no choices", ErrOpenAIEmpty)
 	}
-	return res.Choices[0].Message.Content, res.Choices[0].FinishReason, nil
+	msg := res.Choices[0].Message
+	for _, c := range msg.ToolCalls {
+		if (c.Type == "" || c.Type == "function") && len(calls) < MaxToolCallsPerStep {
+			calls = append(calls, toolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+		}
+	}
+	return msg.Content, res.Choices[0].FinishReason, calls, nil
 }
 
 // streamAnswer asks for the answer token by token and shows it through
@@ -293,7 +349,7 @@ func (o *OpenAI) answer(ctx context.Context, params openai.ChatCompletionNewPara
 // same answer twice. A stream that ends before it (the server's connection
 // closed cleanly mid-answer) is ErrOpenAIIncomplete.
 func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionNewParams,
-	progress func(context.Context, string)) (text, finish string, edits int, err error) {
+	progress func(context.Context, string)) (text, finish string, calls []toolCall, edits int, err error) {
 	stream := o.completions.NewStreaming(ctx, params)
 	defer stream.Close()
 	var (
@@ -301,6 +357,8 @@ func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionN
 		shown  string
 		last   = o.now()
 		chunks int
+		// The calls come in pieces, each piece naming its call's index.
+		pieces []toolCall
 	)
 	for stream.Next() {
 		chunks++
@@ -309,6 +367,20 @@ func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionN
 				continue
 			}
 			b.WriteString(c.Delta.Content)
+			for _, d := range c.Delta.ToolCalls {
+				if d.Index < 0 || d.Index >= MaxToolCallsPerStep {
+					continue
+				}
+				for int64(len(pieces)) <= d.Index {
+					pieces = append(pieces, toolCall{})
+				}
+				p := &pieces[d.Index]
+				if d.ID != "" {
+					p.ID = d.ID
+				}
+				p.Name += d.Function.Name
+				p.Arguments += d.Function.Arguments
+			}
 			if c.FinishReason != "" {
 				finish = c.FinishReason
 			}
@@ -331,18 +403,30 @@ func (o *OpenAI) streamAnswer(ctx context.Context, params openai.ChatCompletionN
 	if err != nil && finish != "" {
 		o.log.Warn().Err(err).Int("chunks", chunks).Str("finish_reason", finish).
 			Msg("The stream broke after the model finished its answer; the answer is kept")
-		return b.String(), finish, edits, nil
+		return b.String(), finish, named(pieces), edits, nil
 	}
 	switch {
 	case err != nil && chunks > 0:
-		return "", "", edits, fmt.Errorf("stream cut after %d chunks: %w", chunks, err)
+		return "", "", nil, edits, fmt.Errorf("stream cut after %d chunks: %w", chunks, err)
 	case err != nil:
-		return "", "", edits, o.refusal(err)
+		return "", "", nil, edits, o.refusal(err)
 	}
 	if finish == "" {
-		return "", "", edits, ErrOpenAIIncomplete
+		return "", "", nil, edits, ErrOpenAIIncomplete
 	}
-	return b.String(), finish, edits, nil
+	return b.String(), finish, named(pieces), edits, nil
+}
+
+// named is the calls of a stream that have a name: an index the stream
+// skipped is no call.
+func named(pieces []toolCall) []toolCall {
+	var calls []toolCall
+	for _, p := range pieces {
+		if p.Name != "" {
+			calls = append(calls, p)
+		}
+	}
+	return calls
 }
 
 // refusal turns the client's error into one that is safe to log: a status

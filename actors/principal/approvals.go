@@ -430,7 +430,7 @@ func (a *principalActor) requestApproval(ctx context.Context, e journal.PendingE
 	}
 	call, outcome, err := a.deps.Store.RequestApproval(ctx, journal.ApprovalRequest{EventID: e.EventID, CallID: ask.CallID,
 		Tool: ask.Tool, Arguments: ask.Arguments, Secret: ask.Secret, Approvers: ask.Approvers, ExpiresMS: expires,
-		Rendering: ask.Rendering}, a.deps.approvalKeys())
+		Rendering: ask.Rendering, Context: ask.Context}, a.deps.approvalKeys())
 	switch {
 	case errors.Is(err, journal.ErrNotPending):
 		return nil // settled meanwhile: nothing waits for the call

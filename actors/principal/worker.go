@@ -249,7 +249,7 @@ func (a *principalActor) ask(ctx context.Context, e journal.PendingEvent, id str
 	}
 	stopTyping := a.typing(ctx, e)
 	reply, err := a.deps.Agent.Answer(ctx, agent.Turn{Event: e, Thread: thread, Conversation: a.conversation(), Progress: progress,
-		Approvals: approvals})
+		Approvals: approvals, ToolRuns: a.deps.Store})
 	stopProgress()
 	stopTyping()
 	if err == nil {

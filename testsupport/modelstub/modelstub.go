@@ -22,6 +22,11 @@ type Request struct {
 	Model    string
 	Stream   bool
 	Messages []Message
+	// Tools names the functions the request offers, in order.
+	Tools []string
+	// ToolChoice is the request's tool_choice when it is a word ("none",
+	// "auto"), "" when absent.
+	ToolChoice string
 	// Authorization is the request's Authorization header.
 	Authorization string
 }
@@ -30,6 +35,17 @@ type Request struct {
 type Message struct {
 	Role    string
 	Content string
+	// ToolCalls are an assistant message's calls.
+	ToolCalls []ToolCall
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string
+}
+
+// ToolCall is one function call of the model.
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments string
 }
 
 // Question is the content of the request's last message, the one the
@@ -49,6 +65,10 @@ type Reply struct {
 	// Text is the answer. A stream sends it a word (and its following
 	// space) a chunk, then a chunk with finish_reason "stop", then [DONE].
 	Text string
+	// ToolCalls, when set, are calls the answer makes (after Text, if any),
+	// its finish reason "tool_calls". A stream sends each in two chunks,
+	// its arguments split between them.
+	ToolCalls []ToolCall
 	// Delay comes before each chunk of a stream.
 	Delay time.Duration
 	// CutAfter, when positive, ends a stream after that many chunks of
@@ -115,22 +135,49 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		Model    string `json:"model"`
 		Stream   bool   `json:"stream"`
 		Messages []struct {
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
+			Role       string          `json:"role"`
+			Content    json.RawMessage `json:"content"`
+			ToolCallID string          `json:"tool_call_id"`
+			ToolCalls  []wireToolCall  `json:"tool_calls"`
 		} `json:"messages"`
+		Tools []struct {
+			Type     string `json:"type"`
+			Function struct {
+				Name       string         `json:"name"`
+				Parameters map[string]any `json:"parameters"`
+			} `json:"function"`
+		} `json:"tools"`
+		ToolChoice json.RawMessage `json:"tool_choice"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		refuse(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return
 	}
 	req := Request{Model: body.Model, Stream: body.Stream, Authorization: r.Header.Get("Authorization")}
+	for _, t := range body.Tools {
+		if t.Type != "function" || t.Function.Name == "" || t.Function.Parameters == nil {
+			refuse(w, http.StatusBadRequest, "a tool must be a function with a name and parameters")
+			return
+		}
+		req.Tools = append(req.Tools, t.Function.Name)
+	}
+	_ = json.Unmarshal(body.ToolChoice, &req.ToolChoice)
 	for _, m := range body.Messages {
-		var text string
-		if err := json.Unmarshal(m.Content, &text); err != nil {
+		msg := Message{Role: m.Role, ToolCallID: m.ToolCallID}
+		// Only an assistant's message that calls tools may go without
+		// content, as the API has it.
+		if (len(m.ToolCalls) == 0 || len(m.Content) > 0) && json.Unmarshal(m.Content, &msg.Content) != nil {
 			refuse(w, http.StatusBadRequest, "message content is not a string")
 			return
 		}
-		req.Messages = append(req.Messages, Message{Role: m.Role, Content: text})
+		if m.Role == "tool" && m.ToolCallID == "" {
+			refuse(w, http.StatusBadRequest, "a tool message needs its tool_call_id")
+			return
+		}
+		for _, c := range m.ToolCalls {
+			msg.ToolCalls = append(msg.ToolCalls, ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+		}
+		req.Messages = append(req.Messages, msg)
 	}
 	s.mu.Lock()
 	s.requests = append(s.requests, req)
@@ -144,10 +191,18 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		stream(w, r, req.Model, reply)
 	default:
 		w.Header().Set("Content-Type", "application/json")
+		message := map[string]any{"role": "assistant", "content": reply.Text}
+		finish := "stop"
+		if len(reply.ToolCalls) > 0 {
+			calls := make([]wireToolCall, len(reply.ToolCalls))
+			for i, c := range reply.ToolCalls {
+				calls[i] = wire(c)
+			}
+			message["tool_calls"], finish = calls, "tool_calls"
+		}
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"id": "chatcmpl-stub", "object": "chat.completion", "created": time.Now().Unix(), "model": req.Model,
-			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop",
-				"message": map[string]any{"role": "assistant", "content": reply.Text}}},
+			"choices": []any{map[string]any{"index": 0, "finish_reason": finish, "message": message}},
 		})
 	}
 }
@@ -165,7 +220,7 @@ func stream(w http.ResponseWriter, r *http.Request, model string, reply Reply) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	send := func(delta map[string]string, finish any) error {
+	send := func(delta map[string]any, finish any) error {
 		chunk, err := json.Marshal(map[string]any{
 			"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": time.Now().Unix(), "model": model,
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}},
@@ -189,7 +244,7 @@ func stream(w http.ResponseWriter, r *http.Request, model string, reply Reply) {
 				return
 			}
 		}
-		delta := map[string]string{"content": word}
+		delta := map[string]any{"content": word}
 		if i == 0 {
 			delta["role"] = "assistant"
 		}
@@ -210,7 +265,23 @@ func stream(w http.ResponseWriter, r *http.Request, model string, reply Reply) {
 			return
 		}
 	}
-	if send(map[string]string{}, "stop") != nil {
+	for i, c := range reply.ToolCalls {
+		half := len(c.Arguments) / 2
+		first := wire(ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments[:half]})
+		if send(map[string]any{"tool_calls": []any{map[string]any{"index": i, "id": first.ID, "type": "function",
+			"function": first.Function}}}, nil) != nil {
+			return
+		}
+		if send(map[string]any{"tool_calls": []any{map[string]any{"index": i,
+			"function": map[string]string{"arguments": c.Arguments[half:]}}}}, nil) != nil {
+			return
+		}
+	}
+	finish := "stop"
+	if len(reply.ToolCalls) > 0 {
+		finish = "tool_calls"
+	}
+	if send(map[string]any{}, finish) != nil {
 		return
 	}
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
@@ -233,4 +304,20 @@ func words(text string) []string {
 		text = text[j:]
 	}
 	return out
+}
+
+// wireToolCall is a tool call as the API writes it.
+type wireToolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+func wire(c ToolCall) wireToolCall {
+	w := wireToolCall{ID: c.ID, Type: "function"}
+	w.Function.Name, w.Function.Arguments = c.Name, c.Arguments
+	return w
 }
