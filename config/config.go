@@ -14,6 +14,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -277,7 +278,43 @@ type Backend struct {
 	Exec Exec `yaml:",inline"`
 	// OpenAI holds the keys of type openai, written beside type in the file.
 	OpenAI OpenAI `yaml:",inline"`
+	// Tools are the functions an openai back-end's model may call, each
+	// run as a command; only for type openai.
+	Tools []Tool `yaml:"tools"`
 }
+
+// Tool is a function the model may call (type openai).
+type Tool struct {
+	// Name is the function's name, 1-64 of [A-Za-z0-9_-], unique.
+	Name string `yaml:"name"`
+	// Description tells the model what the tool does.
+	Description string `yaml:"description"`
+	// Parameters is the JSON schema of the call's arguments, written as
+	// YAML; absent is an object without properties.
+	Parameters map[string]any `yaml:"parameters"`
+	// Command is the program and its arguments, run per call with the
+	// arguments (a JSON object) on stdin; its stdout is the result.
+	Command []string `yaml:"command"`
+	// Env names further variables of the daemon's environment the command
+	// gets; none of the daemon's own.
+	Env []string `yaml:"env"`
+	// Timeout bounds one run. Absent or zero: 1m.
+	Timeout time.Duration `yaml:"timeout"`
+	// Approval asks a person before each call runs. Default true: a tool
+	// runs unasked only when the file says approval: false.
+	Approval *bool `yaml:"approval"`
+	// Approvers may decide (Matrix user IDs); absent: the sender of the
+	// message being answered.
+	Approvers []string `yaml:"approvers"`
+	// ExpiresIn is how long a call waits for a decision. Absent or zero:
+	// 1h; at most 7 days.
+	ExpiresIn time.Duration `yaml:"expires_in"`
+	// Secret names arguments the card never shows.
+	Secret []string `yaml:"secret"`
+}
+
+// NeedsApproval reports whether a person is asked before each call.
+func (t Tool) NeedsApproval() bool { return t.Approval == nil || *t.Approval }
 
 // Exec configures an exec backend.
 type Exec struct {
@@ -538,6 +575,9 @@ func (b Backend) validate(field string) error {
 	if b.Type != BackendOpenAI && b.OpenAI != (OpenAI{}) {
 		return fieldErr(field+"."+firstOpenAIKey(b.OpenAI), "only for type %q", BackendOpenAI)
 	}
+	if b.Type != BackendOpenAI && b.Tools != nil {
+		return fieldErr(field+".tools", "only for type %q", BackendOpenAI)
+	}
 	switch b.Type {
 	case BackendEcho, BackendHTTP:
 	case BackendExec:
@@ -562,10 +602,77 @@ func (b Backend) validate(field string) error {
 		if b.OpenAI.ContextMessages < 0 || b.OpenAI.ContextMessages > MaxContextMessages {
 			return fieldErr(field+".context_messages", "%d is not in 0..%d", b.OpenAI.ContextMessages, MaxContextMessages)
 		}
+		if len(b.Tools) > MaxTools {
+			return fieldErr(field+".tools", "at most %d", MaxTools)
+		}
+		names := map[string]int{}
+		for i, t := range b.Tools {
+			f := fmt.Sprintf("%s.tools[%d]", field, i)
+			if err := t.validate(f); err != nil {
+				return err
+			}
+			if j, dup := names[t.Name]; dup {
+				return fieldErr(f+".name", "%q is already the name of tools[%d]", t.Name, j)
+			}
+			names[t.Name] = i
+		}
 	default:
 		return fieldErr(field+".type", "%q is not one of echo, exec, http, openai", b.Type)
 	}
 	return nil
+}
+
+// MaxTools bounds the tools of one back-end.
+const MaxTools = 64
+
+func (t Tool) validate(field string) error {
+	switch {
+	case !validToolName(t.Name):
+		return fieldErr(field+".name", "%q is not 1 to 64 of letters, digits, _ and -", t.Name)
+	case len(t.Command) == 0 || t.Command[0] == "":
+		return fieldErr(field+".command", "a program and its arguments are required")
+	case t.Timeout < 0:
+		return fieldErr(field+".timeout", "%s is not a positive duration", t.Timeout)
+	case t.ExpiresIn < 0 || t.ExpiresIn > journal.MaxApprovalWindow:
+		return fieldErr(field+".expires_in", "%s is not in 0..%s", t.ExpiresIn, journal.MaxApprovalWindow)
+	case len(t.Approvers) > journal.MaxApprovers:
+		return fieldErr(field+".approvers", "at most %d", journal.MaxApprovers)
+	case !t.NeedsApproval() && (t.Approvers != nil || t.ExpiresIn != 0 || t.Secret != nil):
+		return fieldErr(field+".approval", "approvers, expires_in and secret are for a tool that needs approval")
+	}
+	if t.Parameters != nil {
+		if typ, _ := t.Parameters["type"].(string); typ != "object" {
+			return fieldErr(field+".parameters", "must be a JSON schema of type object")
+		}
+		if _, err := json.Marshal(t.Parameters); err != nil {
+			return fieldErr(field+".parameters", "not expressible as JSON: %v", err)
+		}
+	}
+	for i, u := range t.Approvers {
+		if !journal.ValidUserID(u) {
+			return fieldErr(fmt.Sprintf("%s.approvers[%d]", field, i), "%q is not a full Matrix user ID", u)
+		}
+	}
+	for i, name := range t.Env {
+		if err := checkEnvName(name); err != nil {
+			return &Error{Field: fmt.Sprintf("%s.env[%d]", field, i), Err: err}
+		}
+	}
+	return nil
+}
+
+// validToolName accepts what chat completions APIs take as a function's
+// name.
+func validToolName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for _, r := range name {
+		if r != '_' && r != '-' && (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // firstOpenAIKey names the first openai-only key that is set, for the error

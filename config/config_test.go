@@ -249,6 +249,22 @@ agents:
     password_file: secrets/password
     api_token_file: secrets/api-token
     backend: {type: http}
+  - name: tooled
+    user_id: "@tooled:localhost"
+    password_file: secrets/password
+    backend:
+      type: openai
+      base_url: https://api.example.org/v1
+      model: small
+      tools:
+        - name: send_mail
+          command: [./mail]
+          parameters:
+            type: object
+            properties: {to: {type: string}}
+          approvers: ["@ops:localhost"]
+          expires_in: 30m
+        - {name: lookup, command: [./lookup], approval: false}
 `, dir, noEnv)
 	if got, want := cfg.Agents[0].Backend.Exec.Timeout, 150*time.Second; got != want {
 		t.Errorf("agents[0] timeout=%v, want %v", got, want)
@@ -272,6 +288,20 @@ agents:
 	}
 	if got, want := cfg.Agents[3].Backend.Type, config.BackendHTTP; got != want {
 		t.Errorf("agents[3] type=%q, want %q", got, want)
+	}
+	tools := cfg.Agents[4].Backend.Tools
+	if len(tools) != 2 {
+		t.Fatalf("tools = %+v, want 2", tools)
+	}
+	// A tool needs approval unless the file says otherwise.
+	if m := tools[0]; !m.NeedsApproval() || m.ExpiresIn != 30*time.Minute || len(m.Approvers) != 1 || m.Timeout != 0 {
+		t.Errorf("tools[0] = %+v", m)
+	}
+	if props, _ := tools[0].Parameters["properties"].(map[string]any); props["to"] == nil {
+		t.Errorf("tools[0] parameters = %v, want the schema as written", tools[0].Parameters)
+	}
+	if tools[1].NeedsApproval() {
+		t.Errorf("tools[1] needs approval, but the file says approval: false")
 	}
 }
 
@@ -301,6 +331,7 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 	const head = hs + "agents:\n  - name: echo\n    user_id: \"@echo:localhost\"\n"
 	const pw = "    password_file: secrets/password\n"
 	const echo = "    backend: {type: echo}\n"
+	const oaTools = "    backend: {type: openai, base_url: \"http://h/v1\", model: m, tools: ["
 	for _, c := range []struct {
 		name, doc, field, msg string
 	}{
@@ -342,6 +373,15 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"OpenAIBadBaseURL", head + pw + "    backend: {type: openai, base_url: api.example.org, model: m}\n", "agents[0].backend.base_url", "is not an http(s) URL"},
 		{"OpenAINoModel", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\"}\n", "agents[0].backend.model", "required"},
 		{"OpenAINegativeContext", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\", model: m, context_messages: -3}\n", "agents[0].backend.context_messages", "-3 is not in 0..1000"},
+		{"ToolsOnExec", head + pw + "    backend: {type: exec, command: [x], tools: [{name: t, command: [x]}]}\n", "agents[0].backend.tools", `only for type "openai"`},
+		{"ToolNameInvalid", head + pw + oaTools + "{name: \"send mail\", command: [x]}]}\n", "agents[0].backend.tools[0].name", `"send mail" is not 1 to 64`},
+		{"ToolNameDuplicate", head + pw + oaTools + "{name: t, command: [x]}, {name: t, command: [y]}]}\n", "agents[0].backend.tools[1].name", `"t" is already the name of tools[0]`},
+		{"ToolNoCommand", head + pw + oaTools + "{name: t}]}\n", "agents[0].backend.tools[0].command", "required"},
+		{"ToolApproverNotAUser", head + pw + oaTools + "{name: t, command: [x], approvers: [bob]}]}\n", "agents[0].backend.tools[0].approvers[0]", `"bob" is not a full Matrix user ID`},
+		{"ToolExpiryBeyondTheWindow", head + pw + oaTools + "{name: t, command: [x], expires_in: 200h}]}\n", "agents[0].backend.tools[0].expires_in", "is not in 0..168h0m0s"},
+		{"ToolParametersNotAnObject", head + pw + oaTools + "{name: t, command: [x], parameters: {type: string}}]}\n", "agents[0].backend.tools[0].parameters", "type object"},
+		{"ToolApproversWithoutApproval", head + pw + oaTools + "{name: t, command: [x], approval: false, approvers: [\"@b:l\"]}]}\n", "agents[0].backend.tools[0].approval", "for a tool that needs approval"},
+		{"ToolEnvTheDaemonsOwn", head + pw + oaTools + "{name: t, command: [x], env: [MINDROOM_DATABASE_URL]}]}\n", "agents[0].backend.tools[0].env[0]", "the daemon's own"},
 		{"OpenAIContextBeyondOnePage", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\", model: m, context_messages: 5000}\n", "agents[0].backend.context_messages", "5000 is not in 0..1000"},
 		{"WildcardListenWithoutToken", "listen: 0.0.0.0:8787\n" + head + pw + echo, "agents[0].api_token_file", `required when listen "0.0.0.0:8787" is not a loopback address`},
 		{"EmptyHostListenWithoutToken", "listen: \":8787\"\n" + head + pw + echo, "agents[0].api_token_file", "not a loopback address"},

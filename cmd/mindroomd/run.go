@@ -188,10 +188,21 @@ func backend(i int, a config.Agent, mediaMax int64, client *clientRef, log zerol
 		o := a.Backend.OpenAI
 		return agent.NewOpenAI(agent.OpenAIOptions{BaseURL: o.BaseURL, Model: o.Model, APIKey: o.APIKey.Reveal(),
 			SystemPrompt: o.SystemPrompt, ContextMessages: o.ContextMessages, Stream: o.Stream, UserID: a.UserID, Log: log,
-			Vision: o.Vision, MaxImageBytes: mediaMax, FetchMedia: client.fetchMedia}), nil
+			Vision: o.Vision, MaxImageBytes: mediaMax, FetchMedia: client.fetchMedia, Tools: tools(a.Backend.Tools)}), nil
 	}
 	return nil, &config.Error{Field: fmt.Sprintf("agents[%d].backend.type", i),
 		Err: fmt.Errorf("%q is not a back-end this build runs", a.Backend.Type)}
+}
+
+// tools are an openai back-end's configured tools.
+func tools(cfg []config.Tool) []agent.Tool {
+	var out []agent.Tool
+	for _, t := range cfg {
+		out = append(out, agent.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Command: t.Command,
+			Env: t.Env, Timeout: t.Timeout, Approval: t.NeedsApproval(), Approvers: t.Approvers, ExpiresIn: t.ExpiresIn,
+			Secret: t.Secret})
+	}
+	return out
 }
 
 // placeholderOf is the placeholder an agent sends before each answer
