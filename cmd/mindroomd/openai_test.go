@@ -43,8 +43,9 @@ func answerTo(question string) string {
 }
 
 // writeOpenAIConfig writes a configuration of one openai agent, streamed,
-// against model, and returns its path.
-func writeOpenAIConfig(t *testing.T, homeserver string, bot dendrite.Account, model, apiToken string) string {
+// against model, its backend's further lines backend (indented six
+// spaces), and returns its path.
+func writeOpenAIConfig(t *testing.T, homeserver string, bot dendrite.Account, model, apiToken string, backend ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for name, v := range map[string]string{"pw": bot.Password, "tok": apiToken, "key": "sk-test-key-never-logged"} {
@@ -69,7 +70,7 @@ agents:
       api_key_file: key
       system_prompt: You answer in one sentence.
       stream: true
-`, homeserver, bot.UserID, model)), 0o600); err != nil {
+%s`, homeserver, bot.UserID, model, strings.Join(backend, ""))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
