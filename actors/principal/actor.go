@@ -177,7 +177,9 @@ func Props(d Deps) *actor.Props {
 		}
 		d.Hints = h.Hints()
 	}
-	return actor.PropsFromProducer(func() actor.Actor { return &principalActor{deps: d} },
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &principalActor{deps: d, approvals: approvalState{wake: make(chan struct{}, 1)}}
+	},
 		actor.WithGuardian(actors.StopOnFailure()), actor.WithSupervisor(actors.StopOnFailure()))
 }
 

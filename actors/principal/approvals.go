@@ -61,6 +61,20 @@ type approvalState struct {
 	// rescan is set when a pending vote could not be judged: the next
 	// sweep looks through the pending work for it again.
 	rescan atomic.Bool
+	// wake starts the next sweep at once, for work no commit hint
+	// announces in time: a commit's hint may have come and gone before
+	// the rescan it calls for was asked.
+	wake chan struct{}
+}
+
+// rescanNow asks the approvals loop to look through the pending work
+// again, now.
+func (s *approvalState) rescanNow() {
+	s.rescan.Store(true)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // joinedMembers returns the joined members of room, as the homeserver
@@ -334,6 +348,7 @@ func (a *principalActor) approvalsLoop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 		case <-sub.C():
+		case <-a.approvals.wake:
 		case <-t.C:
 		}
 		t.Stop()

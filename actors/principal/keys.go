@@ -151,8 +151,9 @@ func (a *principalActor) resolveWait(ctx context.Context, w journal.KeyWait) err
 			}
 			resolved++
 			// What the key opened may be a vote on a card: it is judged
-			// as one that a sync brought would be.
-			a.approvals.rescan.Store(true)
+			// as one that a sync brought would be. The loop is woken, not
+			// left to the commit's hint, which may have passed it by.
+			a.approvals.rescanNow()
 			a.log.Info().Str("event_id", e.EventID).Str("room_id", e.RoomID).Stringer("outcome", out).
 				Msg("An encrypted event's key came")
 		}
