@@ -35,6 +35,7 @@ type decisionOut struct {
 	DecidedBy       string          `json:"decided_by"`
 	DecisionEventID string          `json:"decision_event_id"`
 	TimedOut        bool            `json:"timed_out"`
+	Context         json.RawMessage `json:"context"`
 }
 
 func TestMCPRequestApprovalAsksOnceAndPostsTheCard(t *testing.T) {
@@ -79,10 +80,11 @@ func TestMCPWaitForDecisionReturnsTheDecision(t *testing.T) {
 	fx.admit(t, room, mx.Message("$q", alice, 1000, "deploy"))
 	cs := fx.overNetwork(t)
 	ok[approvalOut](t, cs, "request_approval", map[string]any{"event_id": "$q", "call_id": "deploy-1", "tool": "deploy",
-		"arguments": map[string]any{"version": "1.2", "replicas": 3}})
+		"arguments": map[string]any{"version": "1.2", "replicas": 3}, "context": map[string]any{"plan": "step 2 of 3"}})
 	open := ok[decisionOut](t, cs, "wait_for_decision", map[string]any{"event_id": "$q", "call_id": "deploy-1", "wait_seconds": 0})
-	if open.State != "open" || open.TimedOut || open.Tool != "deploy" || !strings.Contains(string(open.Arguments), `"replicas":3`) {
-		t.Fatalf("read = %+v", open)
+	if open.State != "open" || open.TimedOut || open.Tool != "deploy" || !strings.Contains(string(open.Arguments), `"replicas":3`) ||
+		string(open.Context) != `{"plan":"step 2 of 3"}` {
+		t.Fatalf("read = %+v, want the call and the context it was asked with", open)
 	}
 	waited := ok[decisionOut](t, cs, "wait_for_decision", map[string]any{"event_id": "$q", "call_id": "deploy-1", "wait_seconds": 1})
 	if waited.State != "open" || !waited.TimedOut {

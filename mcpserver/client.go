@@ -299,6 +299,7 @@ type approvalBody struct {
 	ExpiresInS int64           `json:"expires_in_s,omitempty"`
 	Secret     []string        `json:"secret,omitempty"`
 	Rendering  string          `json:"rendering,omitempty"`
+	Context    json.RawMessage `json:"context,omitempty"`
 }
 
 // requestApproval asks a person to approve one exact call.

@@ -279,7 +279,7 @@ func TestMCPListsTheToolsWithSchemasAndAnnotations(t *testing.T) {
 		"ignore": {required: []string{"event_id"}, idempotent: true},
 		"leave":  {required: []string{"room_id"}, idempotent: true, destructive: true},
 		"request_approval": {required: []string{"event_id", "call_id", "tool", "arguments"},
-			optional: []string{"approvers", "expires_in_s", "secret", "rendering"}, idempotent: true},
+			optional: []string{"approvers", "expires_in_s", "secret", "rendering", "context"}, idempotent: true},
 		"wait_for_decision": {required: []string{"event_id", "call_id"}, optional: []string{"wait_seconds"}, readOnly: true},
 	}
 	if len(tools) != len(want) {

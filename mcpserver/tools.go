@@ -78,6 +78,7 @@ type requestApprovalIn struct {
 	ExpiresInS int64           `json:"expires_in_s,omitempty" jsonschema:"seconds until an undecided call expires, 1 to 604800 (default 3600)"`
 	Secret     []string        `json:"secret,omitempty" jsonschema:"names of arguments never shown on the card, such as tokens"`
 	Rendering  string          `json:"rendering,omitempty" jsonschema:"your own words for the call, shown on the card above it (at most 4 KiB)"`
+	Context    json.RawMessage `json:"context,omitempty" jsonschema:"optional state of your own (any JSON value), kept with the request and returned with its decision, so you can resume from it after a restart"`
 }
 
 type waitForDecisionIn struct {
@@ -460,7 +461,7 @@ func (t tools) leave(ctx context.Context, req *mcp.CallToolRequest, in leaveIn) 
 func (t tools) requestApproval(ctx context.Context, req *mcp.CallToolRequest, in requestApprovalIn) (*mcp.CallToolResult, any, error) {
 	return t.result(req)(t.c.requestApproval(callerContext(ctx, req.Extra), in.EventID, approvalBody{CallID: in.CallID,
 		Tool: in.Tool, Arguments: in.Arguments, Approvers: in.Approvers, ExpiresInS: in.ExpiresInS, Secret: in.Secret,
-		Rendering: in.Rendering}))
+		Rendering: in.Rendering, Context: in.Context}))
 }
 
 func (t tools) waitForDecision(ctx context.Context, req *mcp.CallToolRequest, in waitForDecisionIn) (*mcp.CallToolResult, any, error) {
