@@ -87,6 +87,12 @@ type owedLine struct {
 	OwedRefetch []string `json:"owed_refetch"`
 }
 
+// prunedLine reports that retention removed the messages before the
+// export's oldest.
+type prunedLine struct {
+	PrunedBefore int64 `json:"pruned_before"`
+}
+
 func writeJSONLines(bw io.Writer, page journal.Page) error {
 	enc := json.NewEncoder(bw)
 	for _, m := range page.Messages {
@@ -95,7 +101,12 @@ func writeJSONLines(bw io.Writer, page journal.Page) error {
 		}
 	}
 	if len(page.OwedRefetch) > 0 {
-		return enc.Encode(owedLine{OwedRefetch: page.OwedRefetch})
+		if err := enc.Encode(owedLine{OwedRefetch: page.OwedRefetch}); err != nil {
+			return err
+		}
+	}
+	if page.PrunedBefore > 0 {
+		return enc.Encode(prunedLine{PrunedBefore: page.PrunedBefore})
 	}
 	return nil
 }
@@ -117,7 +128,13 @@ func writeMarkdown(bw io.Writer, page journal.Page) error {
 		}
 	}
 	if n := len(page.OwedRefetch); n > 0 {
-		_, err := fmt.Fprintf(bw, "_(%d messages omitted: they must be fetched again)_\n\n", n)
+		if _, err := fmt.Fprintf(bw, "_(%d messages omitted: they must be fetched again)_\n\n", n); err != nil {
+			return err
+		}
+	}
+	if page.PrunedBefore > 0 {
+		ts := time.UnixMilli(page.PrunedBefore).UTC().Format("2006-01-02 15:04:05")
+		_, err := fmt.Fprintf(bw, "_(messages up to %s UTC were removed by retention)_\n\n", ts)
 		return err
 	}
 	return nil

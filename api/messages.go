@@ -41,6 +41,10 @@ type messagesResponse struct {
 	// conversation.
 	NextCursor  *string  `json:"next_cursor"`
 	OwedRefetch []string `json:"owed_refetch"`
+	// PrunedBefore, on the page that reached the oldest message kept, is
+	// the time (unix ms) up to which retention removed the room's
+	// messages; absent when it removed none.
+	PrunedBefore int64 `json:"pruned_before,omitempty"`
 }
 
 func toMessage(m journal.Message) message {
@@ -94,7 +98,8 @@ func (s *server) messages(w http.ResponseWriter, r *http.Request, name string, a
 		s.fail(w, r, name, err)
 		return
 	}
-	resp := messagesResponse{Messages: make([]message, 0, len(page.Messages)), OwedRefetch: page.OwedRefetch}
+	resp := messagesResponse{Messages: make([]message, 0, len(page.Messages)), OwedRefetch: page.OwedRefetch,
+		PrunedBefore: page.PrunedBefore}
 	for _, m := range page.Messages {
 		resp.Messages = append(resp.Messages, toMessage(m))
 	}

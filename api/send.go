@@ -176,6 +176,12 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request, name string, a 
 // is that delivery, other content a conflict.
 func (s *server) replaySend(w http.ResponseWriter, r *http.Request, name string, p journal.Principal,
 	d journal.Delivery, content json.RawMessage, attachment bool) {
+	if len(d.Content) == 0 {
+		// Retention cleared the sent message's content: the key, still
+		// kept, is all that identifies it.
+		writeJSON(w, http.StatusOK, delivered(p, d, "replayed"))
+		return
+	}
 	same, err := sameJSON(d.Content, content)
 	if attachment && err == nil {
 		same, err = sameButURL(d.Content, content)

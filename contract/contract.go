@@ -6,6 +6,7 @@ package contract
 
 import (
 	"testing"
+	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
 )
@@ -19,6 +20,9 @@ type Backend interface {
 	// events with bytes that do not decode, as bit rot or a foreign writer
 	// would.
 	CorruptPayload(tb testing.TB, p journal.Principal, eventID string)
+	// Advance moves the clock of the stores this backend opens forward by
+	// d, as time passing would.
+	Advance(d time.Duration)
 }
 
 // Factory returns a fresh, empty backend for one test.

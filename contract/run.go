@@ -26,6 +26,7 @@ func Run(t *testing.T, f Factory) {
 		{"AwaitingKeys", TestAwaitingKeys},
 		{"RoomList", TestRoomList},
 		{"Approvals", TestApprovals},
+		{"Retention", TestRetention},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) { a.run(t, f) })

@@ -129,6 +129,10 @@ type Page struct {
 	// OwedRefetch lists logical event IDs omitted because their visible
 	// revision must be fetched again from the server.
 	OwedRefetch []string
+	// PrunedBefore, set on a page that reached the oldest message kept,
+	// says retention removed the conversation's messages sent up to this
+	// time (unix milliseconds): there is more before, no longer held.
+	PrunedBefore int64
 }
 
 // Admission admits sync batches for one principal.
@@ -224,6 +228,7 @@ type PrincipalStore interface {
 	Hydration
 	Keys
 	Approvals
+	Retention
 	// Principal names the principal this view is bound to.
 	Principal() Principal
 }

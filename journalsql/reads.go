@@ -29,6 +29,16 @@ func SyncToken(ctx context.Context, r Reader, p Principal) (string, error) {
 	return tok, nil
 }
 
+// SyncTokenStatus returns when p's sync token was stored, in unix
+// milliseconds (0 before the first, or when not known).
+func SyncTokenStatus(ctx context.Context, r Reader, p Principal) (int64, error) {
+	var ms int64
+	if err := r.QueryRow(ctx, SelectSyncTokenMS, p.ID).Scan(&ms); err != nil {
+		return 0, fmt.Errorf("read sync token time: %w", err)
+	}
+	return ms, nil
+}
+
 // Pending reads one page of p's pending work in receipt order. A row whose
 // payload cannot be decoded is reported and skipped; the page still
 // advances past it.

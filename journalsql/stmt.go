@@ -20,6 +20,7 @@ const (
 	SelectPending                   // (principal, after seq, limit) → seq, event_id, room_id, kind, epoch, payload
 	SelectAdmittedEvent             // (principal, EventKey) → room_id, thread_id, pending
 	SelectSyncToken                 // (principal) → sync_token
+	SelectSyncTokenMS               // (principal) → sync_token_ms
 	SelectPrincipalID               // (agent, user_id) → id
 	InsertPrincipal                 // (agent, user_id) → id, of the existing row if any
 
@@ -125,6 +126,29 @@ const (
 	SelectExpiredAwaited // (principal, cutoff ms, limit) → seq
 	FenceAwaiting        // (principal, room); the journal rows settle
 	FenceAwaitingKeys    // (principal, room); the ciphertexts go
+
+	// Retention. A scan reads (key, age) in key order; a range statement
+	// prunes (principal, after key, upto key, cutoff ms] under its guards.
+
+	RetainScanVisible     // (principal, after seq, limit) → seq, received_ms of the visible rows
+	RetainBodies          // (principal, after, upto) → room key, created_ts, content bytes of each row removed
+	MarkPrunedBefore      // (created_ts, room key); keeps the newest
+	RetainEdits           // (principal, cutoff, limit); unresolved edits older than the cutoff
+	RetainScanOutbox      // (principal, after id, limit) → id, created_ms
+	RetainPayloadBytes    // (principal, after, upto, cutoff) → rows, bytes of the payloads RetainPayloads clears
+	RetainPayloads        // (principal, after, upto, cutoff); finished deliveries' content cleared
+	RetainTurnSources     // (agent, cutoff, limit); the sources of the turns RetainTurnRecords removes
+	RetainTurnRecords     // (agent, cutoff, limit); answered turns' records
+	RetainRejected        // (principal, cutoff, limit)
+	RetainScanEvents      // (principal, after seq, limit) → seq, received_ms
+	RetainIdentities      // (principal, after, upto, cutoff); settled events with no visible row and no ciphertext waiting
+	RetainApprovals       // (principal, cutoff, limit); decided approvals whose turn and card edit are done
+	RetainDeliveries      // (principal, after, upto, cutoff); finished deliveries whose siblings are finished and whose approval is gone
+	AddRetentionTotals    // (principal, bodies, edits, payloads, turns, rejected, identities, deliveries, approvals, bytes)
+	EndRetentionPassRow   // (principal, now_ms, identities cutoff)
+	SelectRetentionTotals // (principal) → passes, last_pass_ms, the totals, identities_before_ms
+	SelectOldestBody      // (principal) → the oldest visible created_ts, 0 for none
+	SelectPrunedBefore    // (principal, room) → pruned_before
 
 	// Operator reads.
 

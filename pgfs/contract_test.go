@@ -5,11 +5,13 @@ import (
 	"github.com/mindroomd/mindroomd/store"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mindroomd/mindroomd/contract"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
@@ -26,19 +28,31 @@ func TestMain(m *testing.M) {
 }
 
 // pgBackend is one journal in a fresh schema.
-type pgBackend struct{ url string }
+type pgBackend struct {
+	url   string
+	clock testsupport.ShiftClock
+}
 
 func pgFactory(tb testing.TB) contract.Backend { return &pgBackend{url: cluster.Schema(tb)} }
 
 // Open implements contract.Backend.
 func (b *pgBackend) Open(tb testing.TB) journal.Store {
 	tb.Helper()
-	return mustOpen(tb, b.url)
+	return mustOpenOn(tb, b.url, b.clock.Now)
 }
+
+// Advance implements contract.Backend.
+func (b *pgBackend) Advance(d time.Duration) { b.clock.Advance(d) }
 
 func mustOpen(tb testing.TB, url string) *store.Store {
 	tb.Helper()
-	s, err := store.Open(context.Background(), store.Options{DatabaseURL: url})
+	return mustOpenOn(tb, url, nil)
+}
+
+// mustOpenOn opens the journal at url on the clock now (time.Now when nil).
+func mustOpenOn(tb testing.TB, url string, now func() time.Time) *store.Store {
+	tb.Helper()
+	s, err := store.Open(context.Background(), store.Options{DatabaseURL: url, Now: now})
 	if err != nil {
 		tb.Fatalf("open journal: %v", err)
 	}

@@ -6,6 +6,7 @@ const (
 		RETURNING id`
 	selectPrincipalID = `SELECT id FROM principals WHERE agent = $1 AND user_id = $2`
 	selectSyncToken   = `SELECT sync_token FROM principals WHERE id = $1`
+	selectSyncTokenMS = `SELECT sync_token_ms FROM principals WHERE id = $1`
 	// The token's time is the batch's: the time of the principal's last
 	// completed sync, whose age status reports.
 	updateSyncToken  = `UPDATE principals SET sync_token = $1, sync_token_ms = $2 WHERE id = $3`

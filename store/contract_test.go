@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	_ "github.com/mattn/go-sqlite3"
 
@@ -21,6 +22,7 @@ type sqliteBackend struct {
 	dir             string
 	maxUnmergedTail int
 	walBuffer       bool
+	clock           testsupport.ShiftClock
 }
 
 func sqliteFactory(tb testing.TB) contract.Backend { return &sqliteBackend{dir: tb.TempDir()} }
@@ -44,8 +46,15 @@ func walBufferFactory(tb testing.TB) contract.Backend {
 // Open implements contract.Backend.
 func (b *sqliteBackend) Open(tb testing.TB) journal.Store {
 	tb.Helper()
-	return testsupport.MustOpenWith(tb, store.Options{StorageDir: b.dir, MaxUnmergedTail: b.maxUnmergedTail, WALBuffer: b.walBuffer})
+	if b.clock.Base.IsZero() {
+		b.clock.Base = testsupport.DefaultNow
+	}
+	return testsupport.MustOpenWith(tb, store.Options{StorageDir: b.dir, MaxUnmergedTail: b.maxUnmergedTail, WALBuffer: b.walBuffer,
+		Now: b.clock.Now})
 }
+
+// Advance implements contract.Backend.
+func (b *sqliteBackend) Advance(d time.Duration) { b.clock.Advance(d) }
 
 // CorruptPayload implements contract.Backend: the write a foreign process
 // would do, through its own connection, while the store stays open.

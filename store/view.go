@@ -108,9 +108,17 @@ func (v *View) Settle(ctx context.Context, eventIDs ...string) (int, error) {
 	return n, nil
 }
 
-// Read implements journal.ConversationReader.
+// Read implements journal.ConversationReader. A page that reached the
+// oldest message kept says what retention removed before it.
 func (v *View) Read(ctx context.Context, req journal.ReadRequest) (journal.Page, error) {
-	return v.b.Read(ctx, v.p, req)
+	page, err := v.b.Read(ctx, v.p, req)
+	if err != nil || page.NextCursor != nil {
+		return page, err
+	}
+	if page.PrunedBefore, err = journalsql.PrunedBefore(ctx, v.r, v.p, req.RoomID); err != nil {
+		return journal.Page{}, fmt.Errorf("read page: %w", err)
+	}
+	return page, nil
 }
 
 // AdmittedThreadID implements journal.RelationLookup.

@@ -2,6 +2,7 @@ package testsupport
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,26 @@ type Clock struct{ T time.Time }
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time { return c.T }
+
+// ShiftClock is a clock a test moves forward: from Base (time.Now when
+// zero) plus every Advance so far. Safe for concurrent use: the store's
+// writer reads it while the test moves it.
+type ShiftClock struct {
+	Base  time.Time
+	shift atomic.Int64
+}
+
+// Now returns the clock's time.
+func (c *ShiftClock) Now() time.Time {
+	base := c.Base
+	if base.IsZero() {
+		base = time.Now()
+	}
+	return base.Add(time.Duration(c.shift.Load()))
+}
+
+// Advance moves the clock forward by d.
+func (c *ShiftClock) Advance(d time.Duration) { c.shift.Add(int64(d)) }
 
 // DefaultNow is the fixed time test journals start at.
 var DefaultNow = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
