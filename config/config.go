@@ -197,8 +197,61 @@ type Config struct {
 	// Listen is the HTTP API's host:port. Default 127.0.0.1:8787. Any
 	// address that is not loopback requires every agent's api_token_file.
 	Listen string `yaml:"listen"`
+	// Retention is how long each agent's settled data is kept, unless the
+	// agent sets its own. Absent: everything is kept.
+	Retention *Retention `yaml:"retention"`
 	// Agents are the configured agents; at least one, names unique.
 	Agents []Agent `yaml:"agents"`
+}
+
+// DefaultRetentionInterval is how often retention runs when
+// Retention.Interval is zero.
+const DefaultRetentionInterval = time.Hour
+
+// Retention is how long settled data is kept (docs/retention.md). A window
+// left out keeps its kind for ever.
+type Retention struct {
+	// Bodies is how long a settled message stays in the conversation.
+	Bodies time.Duration `yaml:"bodies"`
+	// Payloads is how long a sent message's content stays in the outbox.
+	Payloads time.Duration `yaml:"payloads"`
+	// Turns is how long an answered turn's record stays.
+	Turns time.Duration `yaml:"turns"`
+	// Rejected is how long a malformed event's record stays.
+	Rejected time.Duration `yaml:"rejected"`
+	// Identities is how long an event's or a delivery's identity stays once
+	// nothing else needs it: at least 24h, and at least every other window.
+	Identities time.Duration `yaml:"identities"`
+	// Interval is how often a pass runs, the first at start. Default 1h.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// Policy is the journal's policy of r.
+func (r Retention) Policy() journal.RetentionPolicy {
+	return journal.RetentionPolicy{Bodies: r.Bodies, Payloads: r.Payloads, Turns: r.Turns, Rejected: r.Rejected,
+		Identities: r.Identities}
+}
+
+// RetentionOf is the retention agent a runs under: its own, else the
+// file's, else none.
+func (c *Config) RetentionOf(a Agent) *Retention {
+	if a.Retention != nil {
+		return a.Retention
+	}
+	return c.Retention
+}
+
+func (r *Retention) validate(field string) error {
+	if r == nil {
+		return nil
+	}
+	if r.Interval < 0 {
+		return fieldErr(field+".interval", "%s is not a positive duration", r.Interval)
+	}
+	if err := r.Policy().Validate(); err != nil {
+		return &Error{Field: field, Err: err}
+	}
+	return nil
 }
 
 // Agent is one agent and the Matrix account it acts through.
@@ -233,6 +286,9 @@ type Agent struct {
 	ApprovalKeys ApprovalKeys `yaml:"approval_keys"`
 	// Backend answers the agent's turns.
 	Backend Backend `yaml:"backend"`
+	// Retention, when set, is this agent's retention instead of the
+	// file's.
+	Retention *Retention `yaml:"retention"`
 
 	// Password is the content of PasswordFile.
 	Password Secret `yaml:"-"`
@@ -506,6 +562,9 @@ func (c *Config) validate() error {
 	if c.MediaMaxBytes < 1 || c.MediaMaxBytes > MaxMediaMaxBytes {
 		return fieldErr("media_max_bytes", "must be from 1 to %d", MaxMediaMaxBytes)
 	}
+	if err := c.Retention.validate("retention"); err != nil {
+		return err
+	}
 	loopback, err := checkListen(c.Listen)
 	if err != nil {
 		return &Error{Field: "listen", Err: err}
@@ -555,6 +614,9 @@ func (c *Config) validate() error {
 			return fieldErr(field+".read_receipts", "must be off, settle or answer, not %q", a.ReadReceipts)
 		}
 		if err := a.Backend.validate(field + ".backend"); err != nil {
+			return err
+		}
+		if err := a.Retention.validate(field + ".retention"); err != nil {
 			return err
 		}
 	}

@@ -303,6 +303,36 @@ agents:
 	if tools[1].NeedsApproval() {
 		t.Errorf("tools[1] needs approval, but the file says approval: false")
 	}
+	// Retention is off unless set, the file's unless the agent has its own.
+	if r := cfg.RetentionOf(cfg.Agents[0]); r != nil {
+		t.Errorf("retention = %+v, want none", r)
+	}
+}
+
+func TestAnAgentsRetentionReplacesTheFilesWhole(t *testing.T) {
+	dir := t.TempDir()
+	writeSecrets(t, dir)
+	cfg := mustParse(t, `
+homeserver: http://127.0.0.1:8008
+retention: {bodies: 720h, payloads: 168h, identities: 2160h}
+agents:
+  - name: kept
+    user_id: "@kept:localhost"
+    password_file: secrets/password
+    backend: {type: echo}
+  - name: brief
+    user_id: "@brief:localhost"
+    password_file: secrets/password
+    backend: {type: echo}
+    retention: {bodies: 24h, identities: 24h, interval: 10m}
+`, dir, noEnv)
+	kept, brief := cfg.RetentionOf(cfg.Agents[0]), cfg.RetentionOf(cfg.Agents[1])
+	if kept == nil || kept.Policy() != (journal.RetentionPolicy{Bodies: 720 * time.Hour, Payloads: 168 * time.Hour, Identities: 2160 * time.Hour}) {
+		t.Errorf("the file's retention = %+v", kept)
+	}
+	if brief == nil || brief.Payloads != 0 || brief.Bodies != 24*time.Hour || brief.Interval != 10*time.Minute {
+		t.Errorf("the agent's own retention = %+v, want it whole, the file's payloads not mixed in", brief)
+	}
 }
 
 // fieldOf asserts err is a configuration error and returns its field.
@@ -382,6 +412,10 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"ToolParametersNotAnObject", head + pw + oaTools + "{name: t, command: [x], parameters: {type: string}}]}\n", "agents[0].backend.tools[0].parameters", "type object"},
 		{"ToolApproversWithoutApproval", head + pw + oaTools + "{name: t, command: [x], approval: false, approvers: [\"@b:l\"]}]}\n", "agents[0].backend.tools[0].approval", "for a tool that needs approval"},
 		{"ToolEnvTheDaemonsOwn", head + pw + oaTools + "{name: t, command: [x], env: [MINDROOM_DATABASE_URL]}]}\n", "agents[0].backend.tools[0].env[0]", "the daemon's own"},
+		{"RetentionIdentitiesTooShort", "retention: {identities: 1h}\n" + head + pw + echo, "retention", "shorter than 24h0m0s"},
+		{"RetentionBodiesOutliveIdentities", "retention: {bodies: 720h, identities: 48h}\n" + head + pw + echo, "retention", "an identity must outlive what it identifies"},
+		{"RetentionNegativeInterval", head + pw + echo + "    retention: {bodies: 1h, interval: -1m}\n", "agents[0].retention.interval", "-1m0s is not a positive duration"},
+		{"RetentionNegativeWindow", head + pw + echo + "    retention: {turns: -1h}\n", "agents[0].retention", "is negative"},
 		{"OpenAIContextBeyondOnePage", head + pw + "    backend: {type: openai, base_url: \"http://h/v1\", model: m, context_messages: 5000}\n", "agents[0].backend.context_messages", "5000 is not in 0..1000"},
 		{"WildcardListenWithoutToken", "listen: 0.0.0.0:8787\n" + head + pw + echo, "agents[0].api_token_file", `required when listen "0.0.0.0:8787" is not a loopback address`},
 		{"EmptyHostListenWithoutToken", "listen: \":8787\"\n" + head + pw + echo, "agents[0].api_token_file", "not a loopback address"},

@@ -139,4 +139,8 @@ type Retention interface {
 	Retain(ctx context.Context, p RetentionPolicy) (RetentionCount, error)
 	// RetentionStatus reads the principal's retention so far.
 	RetentionStatus(ctx context.Context) (RetentionStatus, error)
+	// IdentityHorizon is the newest cutoff identities were pruned at (0
+	// when none were): an event received before it may have been
+	// journaled and forgotten, so nothing older is taken for missed.
+	IdentityHorizon(ctx context.Context) (int64, error)
 }

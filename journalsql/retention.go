@@ -267,3 +267,17 @@ func PrunedBefore(ctx context.Context, r Reader, p Principal, room string) (int6
 	}
 	return ts, err
 }
+
+// IdentityHorizon reads the newest cutoff p's identities were pruned at,
+// 0 when none were.
+func IdentityHorizon(ctx context.Context, r Reader, p Principal) (int64, error) {
+	var ms int64
+	err := r.QueryRow(ctx, SelectIdentityHorizon, p.ID).Scan(&ms)
+	if r.NoRows(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read identity horizon: %w", err)
+	}
+	return ms, nil
+}

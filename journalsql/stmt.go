@@ -149,6 +149,7 @@ const (
 	SelectRetentionTotals // (principal) → passes, last_pass_ms, the totals, identities_before_ms
 	SelectOldestBody      // (principal) → the oldest visible created_ts, 0 for none
 	SelectPrunedBefore    // (principal, room) → pruned_before
+	SelectIdentityHorizon // (principal) → identities_before_ms
 
 	// Operator reads.
 

@@ -34,6 +34,8 @@ type Metrics struct {
 	busyWaits  prometheus.Counter
 	hydration  *prometheus.CounterVec
 	decrypted  *prometheus.CounterVec
+	retained   *prometheus.CounterVec
+	reclaimed  prometheus.Counter
 
 	mu       sync.Mutex
 	lastSync map[string]*atomic.Int64 // agent -> unix ms of its last admitted sync
@@ -77,9 +79,18 @@ func New(backlog BacklogFunc, now func() time.Time) *Metrics {
 			Name: "mindroomd_decryptions_total",
 			Help: "Encrypted events by agent and outcome: ok (decrypted on arrival), late (decrypted once their key came), awaiting (journaled to wait for a key), failed_<reason> (never decryptable).",
 		}, []string{"agent", "outcome"}),
+		retained: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mindroomd_retention_rows_total",
+			Help: "Rows retention pruned, by agent and kind (bodies, edits, payloads, turns, rejected, identities, deliveries, approvals).",
+		}, []string{"agent", "kind"}),
+		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mindroomd_retention_reclaimed_bytes_total",
+			Help: "Bytes of the journal file retention handed back to the file system (SQLite).",
+		}),
 		lastSync: make(map[string]*atomic.Int64),
 	}
-	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, m.hydration, m.decrypted, journalGauges{backlog: backlog},
+	m.reg.MustRegister(m.admitted, m.deliveries, m.batch, m.commit, m.busyWaits, m.hydration, m.decrypted, m.retained,
+		m.reclaimed, journalGauges{backlog: backlog},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -158,6 +169,17 @@ func (m *Metrics) Hydration(agent string) func(Walk) {
 func (m *Metrics) Decryption(agent string) func(outcome string) {
 	return func(outcome string) { m.decrypted.WithLabelValues(agent, outcome).Inc() }
 }
+
+// Retained counts one agent's retention pass.
+func (m *Metrics) Retained(agent string, n journal.RetentionCount) {
+	for kind, rows := range map[string]int64{"bodies": n.Bodies, "edits": n.Edits, "payloads": n.Payloads, "turns": n.Turns,
+		"rejected": n.Rejected, "identities": n.Identities, "deliveries": n.Deliveries, "approvals": n.Approvals} {
+		m.retained.WithLabelValues(agent, kind).Add(float64(rows))
+	}
+}
+
+// Reclaimed counts bytes handed back to the file system.
+func (m *Metrics) Reclaimed(bytes int64) { m.reclaimed.Add(float64(bytes)) }
 
 // Handler serves the registry as Prometheus text.
 func (m *Metrics) Handler() http.Handler {

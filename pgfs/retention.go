@@ -72,5 +72,6 @@ const (
 		deliveries, approvals, bytes, identities_before_ms FROM retention_totals WHERE principal = $1`
 	selectOldestBody = `SELECT coalesce(min(v.created_ts), 0) FROM visible_messages v JOIN rooms r ON r.id = v.room
 		WHERE r.principal = $1`
-	selectPrunedBefore = `SELECT pruned_before FROM rooms WHERE principal = $1 AND room_id = $2`
+	selectPrunedBefore    = `SELECT pruned_before FROM rooms WHERE principal = $1 AND room_id = $2`
+	selectIdentityHorizon = `SELECT identities_before_ms FROM retention_totals WHERE principal = $1`
 )

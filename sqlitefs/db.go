@@ -139,7 +139,8 @@ func connectWriter(c *sqlite3.SQLiteConn, walBound int64) error {
 	}
 	// page_size only takes effect on a new file, and only before WAL is set:
 	// small pages cut the WAL bytes each scattered index update costs.
-	for _, p := range []string{pragmaBusyTimeout, pragmaPageSize} {
+	// auto_vacuum too takes effect only before the first table (reclaim.go).
+	for _, p := range []string{pragmaBusyTimeout, pragmaPageSize, pragmaAutoVacuumIncremental} {
 		if _, err := c.Exec(p, nil); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}

@@ -94,6 +94,7 @@ var statements = [journalsql.NumStmts]string{
 	journalsql.EndRetentionPassRow:       endRetentionPassRow,
 	journalsql.SelectRetentionTotals:     selectRetentionTotals,
 	journalsql.SelectOldestBody:          selectOldestBody,
+	journalsql.SelectIdentityHorizon:     selectIdentityHorizon,
 	journalsql.SelectPrunedBefore:        selectPrunedBefore,
 	journalsql.StartToolRunRow:           startToolRunRow,
 	journalsql.FinishToolRunRow:          finishToolRunRow,

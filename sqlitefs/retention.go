@@ -72,5 +72,6 @@ const (
 		deliveries, approvals, bytes, identities_before_ms FROM retention_totals WHERE principal = ?`
 	selectOldestBody = `SELECT coalesce(min(v.created_ts), 0) FROM visible_messages v JOIN rooms r ON r.id = v.room
 		WHERE r.principal = ?`
-	selectPrunedBefore = `SELECT pruned_before FROM rooms WHERE principal = ? AND room_id = ?`
+	selectPrunedBefore    = `SELECT pruned_before FROM rooms WHERE principal = ? AND room_id = ?`
+	selectIdentityHorizon = `SELECT identities_before_ms FROM retention_totals WHERE principal = ?`
 )

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/journalsql"
+	"github.com/mindroomd/mindroomd/sqlitefs"
 )
 
 var _ journal.Retention = (*View)(nil)
@@ -52,4 +54,35 @@ func (v *View) Retain(ctx context.Context, policy journal.RetentionPolicy) (jour
 // RetentionStatus implements journal.Retention.
 func (v *View) RetentionStatus(ctx context.Context) (journal.RetentionStatus, error) {
 	return journalsql.RetentionStatus(ctx, v.r, v.p)
+}
+
+// IdentityHorizon implements journal.Retention.
+func (v *View) IdentityHorizon(ctx context.Context) (int64, error) {
+	return journalsql.IdentityHorizon(ctx, v.r, v.p)
+}
+
+// Reclaim hands the journal's free pages back to the file system, a chunk
+// per turn of the writer so admission waits for at most one, and returns
+// the bytes handed back. On PostgreSQL, whose autovacuum does this, and on
+// a SQLite journal created before incremental auto-vacuum, it does
+// nothing: free pages are reused as they are.
+func (s *Store) Reclaim(ctx context.Context) (int64, error) {
+	if s.db == nil || s.readOnly {
+		return 0, nil
+	}
+	var total int64
+	for {
+		var freed, left int64
+		err := s.maintain(ctx, "reclaim", func(conn *sql.Conn) (err error) {
+			freed, left, err = sqlitefs.ReclaimOn(context.Background(), conn)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("reclaim: %w", err)
+		}
+		total += freed
+		if freed == 0 || left == 0 {
+			return total, nil
+		}
+	}
 }

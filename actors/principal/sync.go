@@ -278,6 +278,13 @@ func previousMembership(raw json.RawMessage) string {
 func (a *principalActor) fillGap(ctx context.Context, r matrix.RoomTimeline) ([]journal.Inbound, error) {
 	var gap []json.RawMessage
 	from := r.PrevBatch
+	// Retention forgets identities received before the horizon: an event
+	// older than it may be one answered long ago, so the walk ends there
+	// as at one it knows.
+	horizon, err := a.deps.Store.IdentityHorizon(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for len(gap) < gapEvents && from != "" {
 		page, err := a.deps.Transport.Messages(ctx, r.RoomID, from, matrix.Backward, gapPage)
 		if err != nil {
@@ -288,7 +295,7 @@ func (a *principalActor) fillGap(ctx context.Context, r matrix.RoomTimeline) ([]
 			if ev, err := journal.ParseEvent(journal.Inbound{RoomID: r.RoomID, Provenance: journal.Recovered, Event: raw}, a.deps.Now()); err == nil {
 				if _, seen, err := a.deps.Store.AdmittedThreadID(ctx, r.RoomID, ev.ID); err != nil {
 					return nil, err
-				} else if seen {
+				} else if seen || ev.TS < horizon {
 					return recovered(r.RoomID, gap), nil
 				}
 				// What came before the principal's membership began was not

@@ -34,6 +34,7 @@ import (
 	"github.com/mindroomd/mindroomd/mcpserver"
 	"github.com/mindroomd/mindroomd/metrics"
 	"github.com/mindroomd/mindroomd/receipts"
+	"github.com/mindroomd/mindroomd/retention"
 	"github.com/mindroomd/mindroomd/store"
 )
 
@@ -64,6 +65,8 @@ type daemon struct {
 	bg             context.Context
 	stopBackground context.CancelFunc
 	mediaMax       int64
+	// retention are the agents whose settled data is pruned.
+	retention []retention.Target
 }
 
 // runDaemon runs the agents cfgPath configures until ctx ends or a fault
@@ -110,6 +113,14 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 			return fmt.Errorf("agents[%d] %s: %w", i, a.Name, err)
 		}
 	}
+	d.background.Go(func() {
+		retention.Run(d.bg, retention.Deps{Targets: d.retention, Log: d.log.With().Str("component", "retention").Logger(),
+			OnPass: d.metrics.Retained, Reclaim: func(ctx context.Context) (int64, error) {
+				n, err := d.store.Reclaim(ctx)
+				d.metrics.Reclaimed(n)
+				return n, err
+			}})
+	})
 	addr, err := d.serve(cfg.Listen)
 	if err != nil {
 		return err
@@ -222,6 +233,13 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 		return err
 	}
 	log := d.log.With().Str("agent", a.Name).Logger()
+	if r := cfg.RetentionOf(a); r != nil {
+		interval := r.Interval
+		if interval <= 0 {
+			interval = config.DefaultRetentionInterval
+		}
+		d.retention = append(d.retention, retention.Target{Agent: a.Name, Store: plain, Policy: r.Policy(), Interval: interval})
+	}
 	client, err := login(ctx, matrix.Config{Homeserver: cfg.Homeserver, UserID: a.UserID,
 		Password: a.Password.Reveal(), AccessToken: a.AccessToken.Reveal(), Agent: a.Name, StorageDir: cfg.Storage,
 		Log: log}, log)
