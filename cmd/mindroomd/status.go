@@ -57,7 +57,46 @@ func runStatus(ctx context.Context, out io.Writer, journalAt store.Options, now 
 	if err := writeStatus(out, st, now()); err != nil {
 		return err
 	}
+	if err := writeRetention(ctx, out, s, st, now()); err != nil {
+		return err
+	}
 	return writeDevices(out, journalAt.StorageDir, st)
+}
+
+// writeRetention prints, for the principals retention has run for, its
+// passes, when the last ended, the rows it pruned and the bytes of bodies
+// and payloads it cleared, and the origin time of the oldest message
+// still kept. Nothing when it never ran.
+func writeRetention(ctx context.Context, out io.Writer, s *store.Store, st []journal.PrincipalStatus, at time.Time) error {
+	var lines []string
+	for _, p := range st {
+		v, err := s.Principal(ctx, p.Agent, p.UserID)
+		if err != nil {
+			return err
+		}
+		r, err := v.RetentionStatus(ctx)
+		if err != nil {
+			return err
+		}
+		if r.Passes == 0 {
+			continue
+		}
+		oldest := "none"
+		if r.OldestBodyMS > 0 {
+			oldest = time.UnixMilli(r.OldestBodyMS).UTC().Format(time.RFC3339)
+		}
+		lines = append(lines, fmt.Sprintf("%s@%s\t%d\t%s ago\t%d\t%s\t%s\n", p.Agent, p.UserID, r.Passes,
+			max(0, at.Sub(time.UnixMilli(r.LastPassMS))).Round(time.Second), r.Total.Rows(), size(r.Total.Bytes), oldest))
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "\nRETENTION\tPASSES\tLAST PASS\tROWS PRUNED\tBYTES CLEARED\tOLDEST MESSAGE KEPT")
+	for _, l := range lines {
+		fmt.Fprint(w, l)
+	}
+	return w.Flush()
 }
 
 // writeStatus prints one line per principal.

@@ -246,3 +246,47 @@ func TestFileSizesAreSpelledInBinaryUnitsWithTheirBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestStatusShowsWhatRetentionPrunedAndTheOldestMessageKept(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clock := &testsupport.ShiftClock{Base: testsupport.DefaultNow}
+	s := testsupport.MustOpenWith(t, store.Options{StorageDir: dir, Now: clock.Now})
+	v, err := s.Principal(ctx, "helper", "@helper:example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const room = "!r:example.org"
+	if _, err := v.AdmitBatch(ctx, mx.Live(room, mx.Message("$old", "@alice:example.org", 1000, "old")), "s_1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Settle(ctx, "$old"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Hour)
+	kept := testsupport.DefaultNow.Add(time.Hour).UnixMilli()
+	if _, err := v.AdmitBatch(ctx, mx.Live(room, mx.Message("$new", "@alice:example.org", kept, "new")), "s_2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Settle(ctx, "$new"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := v.Retain(ctx, journal.RetentionPolicy{Bodies: time.Hour})
+	if err != nil || n.Bodies != 1 {
+		t.Fatalf("retention pruned %+v, %v; want the old body", n, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runAt(t, testsupport.DefaultNow.Add(2*time.Hour+time.Minute), "status", "-storage", dir)
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	_, table, ok := strings.Cut(out, "\nRETENTION")
+	want := strings.Fields(fmt.Sprintf("helper@@helper:example.org 1 1m0s ago 1 %s %s", size(n.Bytes),
+		time.UnixMilli(kept).UTC().Format(time.RFC3339)))
+	lines := strings.Split(table, "\n")
+	if !ok || len(lines) < 2 || strings.Join(strings.Fields(lines[1]), " ") != strings.Join(want, " ") {
+		t.Fatalf("status output lacks the retention line %q:\n%s", want, out)
+	}
+}
