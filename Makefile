@@ -42,6 +42,7 @@ test: lint dendrite
 	$(MAKE) bench-pg-smoke
 	$(MAKE) soak-ci
 	$(MAKE) soak-ci-encrypted
+	$(MAKE) soak-ci-retention
 	$(MAKE) soak-ci-pg
 	$(MAKE) fuzz FUZZTIME=3000x
 
@@ -87,25 +88,31 @@ bench-pg-smoke:
 # writes from a device of her own and finds each answer by decrypting it,
 # and the daemon, killed and restarted on the same device and crypto
 # store, must go on decrypting and sealing. soak-ci-encrypted is the
-# encrypted size CI runs, beside soak-ci's clear one.
+# encrypted size CI runs, beside soak-ci's clear one. RETENTION=1 runs the
+# daemon under retention at its tiniest windows (a second; identities
+# 24h), a pass every second: soak-ci-retention on SQLite, and soak-ci-pg.
 SOAK_K ?= 2000
 SOAK_M ?= 30
-.PHONY: soak soak-ci soak-ci-encrypted soak-pg soak-ci-pg
+.PHONY: soak soak-ci soak-ci-encrypted soak-ci-retention soak-pg soak-ci-pg
 soak soak-pg: ENCRYPTED ?= 0
+soak soak-pg: RETENTION ?= 0
 soak: build dendrite
-	$(GO) run ./bench/soak -encrypted=$(ENCRYPTED) -k $(SOAK_K) -m $(SOAK_M)
+	$(GO) run ./bench/soak -encrypted=$(ENCRYPTED) -retention=$(RETENTION) -k $(SOAK_K) -m $(SOAK_M)
 
 soak-ci:
 	$(MAKE) soak SOAK_K=200 SOAK_M=5 ENCRYPTED=0
+
+soak-ci-retention:
+	$(MAKE) soak SOAK_K=200 SOAK_M=5 ENCRYPTED=0 RETENTION=1
 
 soak-ci-encrypted:
 	$(MAKE) soak SOAK_K=100 SOAK_M=3 ENCRYPTED=1
 
 soak-pg: build dendrite
-	$(GO) run ./bench/soak -pg -encrypted=$(ENCRYPTED) -k $(SOAK_K) -m $(SOAK_M)
+	$(GO) run ./bench/soak -pg -encrypted=$(ENCRYPTED) -retention=$(RETENTION) -k $(SOAK_K) -m $(SOAK_M)
 
 soak-ci-pg:
-	$(MAKE) soak-pg SOAK_K=200 SOAK_M=5 ENCRYPTED=0
+	$(MAKE) soak-pg SOAK_K=200 SOAK_M=5 ENCRYPTED=0 RETENTION=1
 
 # The journal under a chat's sustained load (bench/load): 20 principals ×
 # 10 rooms, 300 events/s for 60 s, with readers, exporters and the outbox

@@ -17,17 +17,24 @@ const (
 	pragmaAutoVacuumIncremental = `PRAGMA auto_vacuum = INCREMENTAL`
 	queryAutoVacuum             = `PRAGMA auto_vacuum`
 	queryFreelistCount          = `PRAGMA freelist_count`
+	queryPageCount              = `PRAGMA page_count`
 	// ReclaimChunk is the most free pages one ReclaimOn hands back: with
 	// 1 KiB pages, a megabyte of the file, a few milliseconds of the
 	// writer's time.
 	ReclaimChunk          = 1024
 	pragmaIncrementalStep = `PRAGMA incremental_vacuum(1024)`
 	autoVacuumIncremental = 2
+	// reclaimShare is the share of the file, in free pages, below which
+	// they are left to be reused: under steady retention each pass frees
+	// about what the next hour's admissions take again, and moving those
+	// pages twice an hour would only cost writes.
+	reclaimShare = 4
 )
 
 // ReclaimOn hands up to ReclaimChunk free pages back to the file system
-// on the writer's connection, and reports the bytes it handed back and the
-// pages that stay free. A journal not in incremental mode hands back none.
+// on the writer's connection while they are more than a quarter of the
+// file, and reports the bytes it handed back and the pages that stay free.
+// A journal not in incremental mode hands back none.
 func ReclaimOn(ctx context.Context, conn *sql.Conn) (freed, left int64, err error) {
 	var mode int
 	if err := conn.QueryRowContext(ctx, queryAutoVacuum).Scan(&mode); err != nil {
@@ -37,7 +44,11 @@ func ReclaimOn(ctx context.Context, conn *sql.Conn) (freed, left int64, err erro
 	if err := conn.QueryRowContext(ctx, queryFreelistCount).Scan(&before); err != nil {
 		return 0, 0, fmt.Errorf("read freelist_count: %w", err)
 	}
-	if mode != autoVacuumIncremental || before == 0 {
+	var pages int64
+	if err := conn.QueryRowContext(ctx, queryPageCount).Scan(&pages); err != nil {
+		return 0, 0, fmt.Errorf("read page_count: %w", err)
+	}
+	if mode != autoVacuumIncremental || before == 0 || before*reclaimShare < pages {
 		return 0, before, nil
 	}
 	if _, err := conn.ExecContext(ctx, pragmaIncrementalStep); err != nil {

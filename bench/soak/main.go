@@ -76,6 +76,7 @@ type options struct {
 	keep         bool
 	pg           bool
 	encrypted    bool
+	retention    bool
 	seed         uint64
 	bin          string
 	script       string
@@ -134,6 +135,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.pg, "pg", false, "keep the journal in PostgreSQL: a durable cluster (fsync on) launched in the working directory, "+
 		"or a new schema on the server "+pg.EnvURL+" names")
 	fs.BoolVar(&o.encrypted, "encrypted", false, "play the soak in an end-to-end encrypted room, the person writing from a device of her own")
+	fs.BoolVar(&o.retention, "retention", false, "run the daemon under retention at its tiniest: bodies, payloads, turns and "+
+		"rejected records pruned a second after they settle, identities after the least window (24h), a pass every second")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the message mix and the kill moments (0: random)")
 	fs.StringVar(&o.bin, "bin", "bin/mindroomd", "the daemon binary (make build)")
 	fs.StringVar(&o.script, "script", "examples/echo-agent.py", "the exec agent's script")

@@ -473,13 +473,17 @@ func writeConfig(dir, homeserver string, bot dendrite.Account, o options, python
 		}
 		backend = fmt.Sprintf("      type: exec\n      command: %s\n      timeout: %s\n", command, execTimeout)
 	}
-	database := ""
+	// Top-level keys beside homeserver and storage.
+	top := ""
 	if urlFile != "" {
 		quoted, err := json.Marshal(urlFile)
 		if err != nil {
 			return "", err
 		}
-		database = fmt.Sprintf("database_url_file: %s\n", quoted)
+		top = fmt.Sprintf("database_url_file: %s\n", quoted)
+	}
+	if o.retention {
+		top += "retention: {bodies: 1s, payloads: 1s, turns: 1s, rejected: 1s, identities: 24h, interval: 1s}\n"
 	}
 	cfg := fmt.Sprintf(`homeserver: %s
 storage: ./storage
@@ -490,7 +494,7 @@ agents:
     password_file: ./%s.password
     auto_join: true
     backend:
-%s`, homeserver, database, agentName, bot.UserID, agentName, backend)
+%s`, homeserver, top, agentName, bot.UserID, agentName, backend)
 	path := filepath.Join(dir, "mindroom.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }
