@@ -113,28 +113,36 @@ func scanTo(tx Tx, s Stmt, p Principal, cutoff int64, r *RetentionPass) (upto in
 	return upto, seen < RetentionBatch, rows.Err()
 }
 
-// retainRange prunes, with act, the range of p's rows scan finds older
-// than cutoff, and moves r past it; zero cutoff prunes none.
-func retainRange(tx Tx, scan, act Stmt, p Principal, cutoff int64, r *RetentionPass) (int64, error) {
+// walk prunes, with prune, the range of p's rows scan finds older than
+// cutoff after r, and moves r past it; zero cutoff prunes none.
+func walk(tx Tx, scan Stmt, p Principal, cutoff int64, r *RetentionPass, prune func(upto int64) error) error {
 	if cutoff == 0 {
 		r.next()
-		return 0, nil
+		return nil
 	}
 	upto, end, err := scanTo(tx, scan, p, cutoff, r)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	var n int64
 	if upto > r.after {
-		if n, err = tx.Exec(act, p.ID, r.after, upto, cutoff); err != nil {
-			return 0, err
+		if err := prune(upto); err != nil {
+			return err
 		}
 		r.after = upto
 	}
 	if end {
 		r.next()
 	}
-	return n, nil
+	return nil
+}
+
+// retainRange prunes, with the range statement act, what walk finds.
+func retainRange(tx Tx, scan, act Stmt, p Principal, cutoff int64, r *RetentionPass) (n int64, err error) {
+	err = walk(tx, scan, p, cutoff, r, func(upto int64) (err error) {
+		n, err = tx.Exec(act, p.ID, r.after, upto, cutoff)
+		return err
+	})
+	return n, err
 }
 
 // retainOldest prunes, with act, up to RetentionBatch rows of the
@@ -171,73 +179,47 @@ func retainTurns(tx Tx, p Principal, cutoff int64, r *RetentionPass) (int64, err
 // retainBodies removes the visible messages older than cutoff from the
 // conversation, in rooms with nothing pending or owed, and marks each
 // room's pruned range.
-func retainBodies(tx Tx, p Principal, cutoff int64, r *RetentionPass) (journal.RetentionCount, error) {
-	var n journal.RetentionCount
-	if cutoff == 0 {
-		r.next()
-		return n, nil
-	}
-	upto, end, err := scanTo(tx, RetainScanVisible, p, cutoff, r)
-	if err != nil {
-		return n, err
-	}
-	if upto > r.after {
+func retainBodies(tx Tx, p Principal, cutoff int64, r *RetentionPass) (n journal.RetentionCount, err error) {
+	err = walk(tx, RetainScanVisible, p, cutoff, r, func(upto int64) error {
 		rows, err := tx.Query(RetainBodies, p.ID, r.after, upto)
 		if err != nil {
-			return n, err
+			return err
 		}
 		newest := map[int64]int64{}
 		for rows.Next() {
 			var room, ts, size int64
 			if err := rows.Scan(&room, &ts, &size); err != nil {
 				rows.Close()
-				return n, err
+				return err
 			}
 			newest[room] = max(newest[room], ts)
 			n.Bodies, n.Bytes = n.Bodies+1, n.Bytes+size
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return n, err
+			return err
 		}
 		for room, ts := range newest {
 			if _, err := tx.Exec(MarkPrunedBefore, ts, room); err != nil {
-				return n, err
+				return err
 			}
 		}
-		r.after = upto
-	}
-	if end {
-		r.next()
-	}
-	return n, nil
+		return nil
+	})
+	return n, err
 }
 
 // retainPayloads clears the content of finished deliveries older than
 // cutoff; their identities stay.
-func retainPayloads(tx Tx, p Principal, cutoff int64, r *RetentionPass) (journal.RetentionCount, error) {
-	var n journal.RetentionCount
-	if cutoff == 0 {
-		r.next()
-		return n, nil
-	}
-	upto, end, err := scanTo(tx, RetainScanOutbox, p, cutoff, r)
-	if err != nil {
-		return n, err
-	}
-	if upto > r.after {
+func retainPayloads(tx Tx, p Principal, cutoff int64, r *RetentionPass) (n journal.RetentionCount, err error) {
+	err = walk(tx, RetainScanOutbox, p, cutoff, r, func(upto int64) error {
 		if err := tx.QueryRow(RetainPayloadBytes, p.ID, r.after, upto, cutoff).Scan(&n.Payloads, &n.Bytes); err != nil {
-			return n, err
+			return err
 		}
-		if _, err := tx.Exec(RetainPayloads, p.ID, r.after, upto, cutoff); err != nil {
-			return n, err
-		}
-		r.after = upto
-	}
-	if end {
-		r.next()
-	}
-	return n, nil
+		_, err := tx.Exec(RetainPayloads, p.ID, r.after, upto, cutoff)
+		return err
+	})
+	return n, err
 }
 
 // RetentionStatus reads p's retention so far.
