@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
@@ -34,27 +35,36 @@ const (
 // into a schema already holding 3×10^5 settled messages over 16
 // principals × 32 rooms (the layout and mix of BenchmarkAdmit), on a
 // durable cluster. 256 senders, sender s speaking for principal s mod 16,
-// each admit their events in a loop, awaiting every commit: in one arm
-// AdmitBatch calls of pgAdmitBatch events, in the other of one event, so
-// every event is a transaction of its own. The arms take turns, one round
-// of each per iteration, on the same schema, so the VM's drift moves both
-// alike. A round ends after 30,000 events or 15 s.
+// each admit their events in a loop, awaiting every commit, in four arms:
+// one event per AdmitBatch through the store as it runs (group: the
+// commands of a principal that wait gather into one transaction), the
+// same through a second store on the schema that gathers none (single:
+// every event a transaction of its own), AdmitBatch calls of
+// pgAdmitBatch events (batch), and one event per command into the SQLite
+// fixture of the same spec (sqlite: the writer's group commit). The arms
+// take turns, one round of each per iteration, so the VM's drift moves
+// all alike. A round ends after 30,000 events or 15 s.
 //
-// Metrics: batch-events/s and single-events/s, their ratio batch/single,
-// and each arm's WAL bytes per event (batch-walB/ev, single-walB/ev) from
-// the server's WAL position (pgWALPosition).
+// Metrics: each arm's events/s, the ratios group/single and group/sqlite,
+// and the PostgreSQL arms' WAL bytes per event (<arm>-walB/ev) from the
+// server's WAL position (pgWALPosition).
 func BenchmarkPGAdmit(b *testing.B) {
 	c := pgCluster(b)
 	sz := benchSizes()
-	env := openPGAdmit(b, c, fixtureSpec{Layout: "admit-16x32", N: sz.admitBase, Principals: admitPrincipals, Rooms: admitRooms})
+	spec := fixtureSpec{Layout: "admit-16x32", N: sz.admitBase, Principals: admitPrincipals, Rooms: admitRooms}
+	env := openPGAdmit(b, c, spec)
+	lite := openStoreAdmit(b, storeFixture(b, spec), store.Options{})
 	b.Run(fmt.Sprintf("senders=%d", ratioSenders), func(b *testing.B) {
-		runPGAdmit(b, env, ratioSenders)
+		runPGAdmit(b, env, lite, ratioSenders)
 	})
 }
 
 // pgAdmitEnv is the schema admission runs against and its instruments.
 type pgAdmitEnv struct {
-	views   []journal.PrincipalStore
+	views []journal.PrincipalStore
+	// single are views of a second store on the schema that commits every
+	// command alone.
+	single  []journal.PrincipalStore
 	targets [][]target
 	// admin reads the WAL position.
 	admin *pgx.Conn
@@ -67,10 +77,17 @@ func openPGAdmit(b *testing.B, c *pg.Cluster, spec fixtureSpec) *pgAdmitEnv {
 	start := time.Now()
 	s, ids := loadPGStore(b, url, spec)
 	b.Logf("loaded %d messages into PostgreSQL in %v", spec.N, time.Since(start).Round(time.Millisecond))
-	env := &pgAdmitEnv{views: make([]journal.PrincipalStore, spec.Principals)}
-	var err error
+	env := &pgAdmitEnv{views: make([]journal.PrincipalStore, spec.Principals), single: make([]journal.PrincipalStore, spec.Principals)}
+	alone, err := store.Open(ctx, store.Options{DatabaseURL: url, PGMaxGroup: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { alone.Close() })
 	for p := range env.views {
 		if env.views[p], err = s.Principal(ctx, agentName(p), agentUser(p)); err != nil {
+			b.Fatal(err)
+		}
+		if env.single[p], err = alone.Principal(ctx, agentName(p), agentUser(p)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -121,11 +138,15 @@ func (env *pgAdmitEnv) walPosition(ctx context.Context) (int64, error) {
 	return pos, err
 }
 
-// pgArm is one side of the turns: its batch size and what it measured.
+// pgArm is one side of the turns: the views it admits through, its batch
+// size and what it measured.
 type pgArm struct {
-	name    string
-	batch   int
-	pl      *planner
+	name  string
+	views []journal.PrincipalStore
+	batch int
+	pl    *planner
+	// sqlite is set for the SQLite arm, whose WAL is not the server's.
+	sqlite  bool
 	elapsed time.Duration
 	events  int
 	wal     int64
@@ -133,16 +154,20 @@ type pgArm struct {
 
 // runPGAdmit runs the arms in turns with senders senders and reports
 // their rates, their ratio and their WAL bytes per event.
-func runPGAdmit(b *testing.B, env *pgAdmitEnv, senders int) {
+func runPGAdmit(b *testing.B, env *pgAdmitEnv, lite *admitEnv, senders int) {
 	ctx := context.Background()
 	sz := benchSizes()
 	perSender := max(1, sz.admitEvents/senders)
-	arms := []*pgArm{{name: "batch", batch: pgAdmitBatch}, {name: "single", batch: 1}}
+	arms := []*pgArm{
+		{name: "group", views: env.views, batch: 1, pl: newPlanner(env.targets)},
+		{name: "single", views: env.single, batch: 1, pl: newPlanner(env.targets)},
+		{name: "batch", views: env.views, batch: pgAdmitBatch, pl: newPlanner(env.targets)},
+		{name: "sqlite", views: lite.adm.(storeAdmitter).views, batch: 1, pl: newPlanner(lite.targets), sqlite: true},
+	}
 	for _, a := range arms {
-		a.pl = newPlanner(env.targets)
 		// A tenth of a round, untimed, warms the server's caches and the
 		// pool's connections and prepared statements.
-		if _, _, err := pgAdmitRound(ctx, env.views, a.pl.plan(senders, max(1, perSender/10)), a.batch, sz.maxRound/10); err != nil {
+		if _, _, err := pgAdmitRound(ctx, a.views, a.pl.plan(senders, max(1, perSender/10)), a.batch, sz.maxRound/10); err != nil {
 			b.Fatalf("warm-up: %v", err)
 		}
 	}
@@ -156,7 +181,7 @@ func runPGAdmit(b *testing.B, env *pgAdmitEnv, senders int) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			d, n, err := pgAdmitRound(ctx, env.views, plans, a.batch, sz.maxRound)
+			d, n, err := pgAdmitRound(ctx, a.views, plans, a.batch, sz.maxRound)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -176,9 +201,12 @@ func runPGAdmit(b *testing.B, env *pgAdmitEnv, senders int) {
 	for i, a := range arms {
 		rates[i] = float64(a.events) / a.elapsed.Seconds()
 		b.ReportMetric(rates[i], a.name+"-events/s")
-		b.ReportMetric(float64(a.wal)/float64(a.events), a.name+"-walB/ev")
+		if !a.sqlite {
+			b.ReportMetric(float64(a.wal)/float64(a.events), a.name+"-walB/ev")
+		}
 	}
-	b.ReportMetric(rates[0]/rates[1], "batch/single")
+	b.ReportMetric(rates[0]/rates[1], "group/single")
+	b.ReportMetric(rates[0]/rates[3], "group/sqlite")
 }
 
 // pgAdmitRound starts one goroutine per sender, each admitting its plan in

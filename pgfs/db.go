@@ -75,6 +75,9 @@ type Options struct {
 	// offline export do: nothing is migrated or written, no listener
 	// starts, and a journal of another schema version is refused.
 	ReadOnly bool
+	// MaxGroup bounds the commands of one principal a transaction gathers
+	// (group.go); zero means MaxGroup, 1 commits every command alone.
+	MaxGroup int
 }
 
 // Store is an open journal on PostgreSQL. It implements journal.Store.
@@ -94,6 +97,10 @@ type Store struct {
 	stopListen context.CancelFunc
 	listening  sync.WaitGroup
 	closeOnce  sync.Once
+	// queues are the principals' waiting commands (group.go), by row ID;
+	// maxGroup the most one transaction gathers.
+	queues   sync.Map
+	maxGroup int
 }
 
 // Open connects, migrates the schema and starts the hint listener.
@@ -111,6 +118,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		heartbeat: opts.ListenHeartbeat}
 	if s.heartbeat <= 0 {
 		s.heartbeat = DefaultListenHeartbeat
+	}
+	if s.maxGroup = opts.MaxGroup; s.maxGroup <= 0 {
+		s.maxGroup = MaxGroup
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -240,27 +250,35 @@ const maxAttempts = 5
 // locking the principal's row, and queues its hints as notifications that
 // PostgreSQL delivers on commit.
 func (s *Store) writeOnce(ctx context.Context, principal int64, run func(journalsql.Tx) ([]hint.Hint, error)) ([]hint.Hint, error) {
+	var hints []hint.Hint
+	err := s.transaction(ctx, principal, func(t *Tx) (err error) {
+		if hints, err = run(t); err != nil {
+			return err
+		}
+		return s.notify(t, hints)
+	})
+	return hints, err
+}
+
+// transaction runs work in one transaction that first locks principal's
+// row, and commits it when work succeeds.
+func (s *Store) transaction(ctx context.Context, principal int64, work func(*Tx) error) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return nil, redact(err)
+		return redact(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	var lease int64
 	if err := tx.QueryRow(ctx, lockPrincipal, principal).Scan(&lease); err != nil {
-		return nil, fmt.Errorf("lock principal: %w", err)
+		return fmt.Errorf("lock principal: %w", err)
 	}
-	t := &Tx{ctx: ctx, tx: tx, now: s.now()}
-	hints, err := run(t)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.notify(t, hints); err != nil {
-		return nil, err
+	if err := work(&Tx{ctx: ctx, tx: tx, now: s.now()}); err != nil {
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, mapErr(err)
+		return mapErr(err)
 	}
-	return hints, nil
+	return nil
 }
 
 // retryable reports the aborts PostgreSQL asks a client to retry.

@@ -311,20 +311,15 @@ type principalWriter struct {
 	p journalsql.Principal
 }
 
-// Do implements journalsql.Writer. A transaction PostgreSQL aborted as a
-// deadlock victim or for a serialization conflict is run again from the
-// start.
+// Do implements journalsql.Writer: the command commits alone, or with
+// others of the principal that arrived while one ran (group.go). A
+// transaction PostgreSQL aborted as a deadlock victim or for a
+// serialization conflict is run again from the start.
 func (w principalWriter) Do(ctx context.Context, name string, _ int, run func(journalsql.Tx) ([]hint.Hint, error)) error {
-	for attempt := 1; ; attempt++ {
-		hints, err := w.s.writeOnce(ctx, w.p.ID, run)
-		if err == nil {
-			w.s.publish(hints)
-			return nil
-		}
-		if attempt == maxAttempts || !retryable(err) {
-			return fmt.Errorf("%s: %w", name, err)
-		}
+	if err := w.s.group(ctx, w.p.ID, run); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
+	return nil
 }
 
 // Register interns a principal and returns it with its row ID, the

@@ -52,6 +52,10 @@ type Options struct {
 	ReadOnly bool
 	// MaxConns bounds the PostgreSQL pool (default pgfs.DefaultMaxConns).
 	MaxConns int32
+	// PGMaxGroup bounds the commands of one principal a PostgreSQL
+	// transaction gathers (default pgfs.MaxGroup); 1 commits every command
+	// alone.
+	PGMaxGroup int
 	// ListenHeartbeat is how long PostgreSQL's hint listener waits without
 	// a notification before it pings its connection (default
 	// pgfs.DefaultListenHeartbeat).
@@ -171,7 +175,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 // openPostgres opens the journal in PostgreSQL.
 func openPostgres(ctx context.Context, opts Options) (*Store, error) {
 	pg, err := pgfs.Open(ctx, pgfs.Options{URL: opts.DatabaseURL, Now: opts.Now, Log: opts.Log, Hints: opts.Hints,
-		MaxConns: opts.MaxConns, PageBudget: opts.PageBudget, ReadOnly: opts.ReadOnly, ListenHeartbeat: opts.ListenHeartbeat})
+		MaxConns: opts.MaxConns, PageBudget: opts.PageBudget, ReadOnly: opts.ReadOnly, ListenHeartbeat: opts.ListenHeartbeat,
+		MaxGroup: opts.PGMaxGroup})
 	if err != nil {
 		return nil, err
 	}
