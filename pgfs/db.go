@@ -78,6 +78,12 @@ type Options struct {
 	// MaxGroup bounds the commands of one principal a transaction gathers
 	// (group.go); zero means MaxGroup, 1 commits every command alone.
 	MaxGroup int
+	// Leases makes the store one replica of several (lease.go): it writes
+	// for a principal only while it holds the principal's lease.
+	Leases bool
+	// LeaseCheck is how often a held lease's connection is checked
+	// (default DefaultLeaseCheck).
+	LeaseCheck time.Duration
 }
 
 // Store is an open journal on PostgreSQL. It implements journal.Store.
@@ -101,6 +107,13 @@ type Store struct {
 	// maxGroup the most one transaction gathers.
 	queues   sync.Map
 	maxGroup int
+	// leasing is set for a replica of several; leases holds the
+	// generation of each principal whose lease this replica holds, by row
+	// ID, and leaseConfig is how a lease's own connection is opened.
+	leasing     bool
+	leases      sync.Map
+	leaseConfig *pgx.ConnConfig
+	leaseCheck  time.Duration
 }
 
 // Open connects, migrates the schema and starts the hint listener.
@@ -121,6 +134,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if s.maxGroup = opts.MaxGroup; s.maxGroup <= 0 {
 		s.maxGroup = MaxGroup
+	}
+	s.leasing, s.leaseConfig, s.leaseCheck = opts.Leases, cfg.ConnConfig.Copy(), opts.LeaseCheck
+	if s.leaseCheck <= 0 {
+		s.leaseCheck = DefaultLeaseCheck
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -271,6 +288,9 @@ func (s *Store) transaction(ctx context.Context, principal int64, work func(*Tx)
 	var lease int64
 	if err := tx.QueryRow(ctx, lockPrincipal, principal).Scan(&lease); err != nil {
 		return fmt.Errorf("lock principal: %w", err)
+	}
+	if err := s.checkLease(principal, lease); err != nil {
+		return err
 	}
 	if err := work(&Tx{ctx: ctx, tx: tx, now: s.now()}); err != nil {
 		return err

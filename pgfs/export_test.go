@@ -37,3 +37,6 @@ func (t *Tx) ID() (int64, error) {
 
 // Pool is the store's connection pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// LeaseKey is the advisory lock key of principal's lease.
+func (s *Store) LeaseKey(principal int64) int64 { return s.leaseKey(principal) }
