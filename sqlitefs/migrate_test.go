@@ -219,8 +219,8 @@ func TestAVersion2JournalMigratesWithNothingLost(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 
-	if got, want := migCount(t, db, queryUserVersion), int64(SchemaVersion()); got != want || want != 8 {
-		t.Fatalf("user_version = %d, want %d (schema version 8)", got, want)
+	if got, want := migCount(t, db, queryUserVersion), int64(SchemaVersion()); got != want || want != 9 {
+		t.Fatalf("user_version = %d, want %d (schema version 9)", got, want)
 	}
 	if got, err := db.Generation(ctx); err != nil || got != generation {
 		t.Fatalf("generation = %q, %v; want the v2 file's %q", got, err, generation)
