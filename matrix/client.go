@@ -43,10 +43,13 @@ type Config struct {
 	// no Password, a refused AccessToken is fatal (ErrInvalidToken). Never
 	// logged.
 	AccessToken string `json:"-"`
-	// Agent names the session file: <StorageDir>/matrix/<Agent>.session.json.
+	// Agent names the agent's session among Sessions.
 	Agent string
 	// StorageDir is the daemon's storage directory.
 	StorageDir string
+	// Sessions keeps the agent's session between runs; nil means
+	// FileSessions in StorageDir.
+	Sessions Sessions `json:"-"`
 	// Log receives the port's own records (device changes, failed event
 	// fetches); mautrix's per-request records are off.
 	Log zerolog.Logger `json:"-"`
@@ -92,9 +95,10 @@ type Client struct {
 	agent         string
 	log           zerolog.Logger
 	deviceChanged bool
-	// cfg and path serve a re-login: the password and the session file.
-	cfg  Config
-	path string
+	// cfg and sessions serve a re-login: the password, and where the new
+	// session is kept.
+	cfg      Config
+	sessions Sessions
 
 	mu       sync.Mutex
 	token    string
@@ -114,7 +118,7 @@ type Client struct {
 // Login connects cfg's agent, keeping the device of its previous run.
 //
 // The access token is taken, in order, from cfg.AccessToken, then the
-// session file, the first one the server accepts (whoami) winning. When
+// stored session (cfg.Sessions), the first one the server accepts (whoami) winning. When
 // neither is accepted, cfg.Password logs in naming the stored device, so
 // the server keeps that device and only issues a new token: servers
 // remember transaction IDs per device at best, and a new device would make
@@ -142,17 +146,19 @@ func Login(ctx context.Context, cfg Config) (*Client, error) {
 	if mx.Client == nil {
 		mx.Client = &http.Client{}
 	}
-	path := sessionPath(cfg.StorageDir, cfg.Agent)
-	c := &Client{mx: mx, agent: cfg.Agent, log: cfg.Log, cfg: cfg, path: path}
+	if cfg.Sessions == nil {
+		cfg.Sessions = FileSessions{StorageDir: cfg.StorageDir}
+	}
+	c := &Client{mx: mx, agent: cfg.Agent, log: cfg.Log, cfg: cfg, sessions: cfg.Sessions}
 
-	stored, err := readSession(path)
+	stored, err := c.sessions.LoadSession(ctx, cfg.Agent)
 	if err != nil {
 		return nil, err
 	}
 	if stored.UserID != "" && stored.UserID != cfg.UserID {
 		c.log.Warn().Str("agent", cfg.Agent).Str("stored_user_id", stored.UserID).Str("user_id", cfg.UserID).
 			Msg("Session file belongs to another user; it is replaced")
-		stored = session{}
+		stored = Session{}
 	}
 
 	now, err := c.establish(ctx, cfg, stored)
@@ -165,7 +171,7 @@ func Login(ctx context.Context, cfg Config) (*Client, error) {
 			Msg("Matrix device changed: deliveries attempted from the old device will be reconciled before any resend")
 	}
 	if now != stored {
-		if err := writeSession(path, now); err != nil {
+		if err := c.sessions.SaveSession(ctx, cfg.Agent, now); err != nil {
 			return nil, err
 		}
 	}
@@ -173,7 +179,7 @@ func Login(ctx context.Context, cfg Config) (*Client, error) {
 }
 
 // establish finds a valid token for cfg and returns the session it makes.
-func (c *Client) establish(ctx context.Context, cfg Config, stored session) (session, error) {
+func (c *Client) establish(ctx context.Context, cfg Config, stored Session) (Session, error) {
 	for i, token := range []string{cfg.AccessToken, stored.AccessToken} {
 		if token == "" || (i > 0 && token == cfg.AccessToken) {
 			continue
@@ -183,27 +189,27 @@ func (c *Client) establish(ctx context.Context, cfg Config, stored session) (ses
 		case errors.Is(err, ErrInvalidToken):
 			continue
 		case err != nil:
-			return session{}, fmt.Errorf("check access token: %w", err)
+			return Session{}, fmt.Errorf("check access token: %w", err)
 		case userID != cfg.UserID:
-			return session{}, fmt.Errorf("%w: the access token is %s's, not %s's", ErrWrongUser, userID, cfg.UserID)
+			return Session{}, fmt.Errorf("%w: the access token is %s's, not %s's", ErrWrongUser, userID, cfg.UserID)
 		case deviceID == "":
-			return session{}, errors.New("check access token: the homeserver did not name the token's device")
+			return Session{}, errors.New("check access token: the homeserver did not name the token's device")
 		}
 		return c.adopt(userID, deviceID, token), nil
 	}
 	if cfg.Password == "" {
-		return session{}, fmt.Errorf("the configured access token was refused and no password is configured: %w", ErrInvalidToken)
+		return Session{}, fmt.Errorf("the configured access token was refused and no password is configured: %w", ErrInvalidToken)
 	}
 	now, err := c.passwordLogin(ctx, stored.DeviceID)
 	if err != nil {
-		return session{}, err
+		return Session{}, err
 	}
 	return c.adopt(now.UserID, now.DeviceID, now.AccessToken), nil
 }
 
 // passwordLogin logs in with the configured password, naming deviceID so
 // the server keeps that device.
-func (c *Client) passwordLogin(ctx context.Context, deviceID string) (session, error) {
+func (c *Client) passwordLogin(ctx context.Context, deviceID string) (Session, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	resp, err := c.mx.Login(quiet(ctx), &mautrix.ReqLogin{
@@ -214,28 +220,28 @@ func (c *Client) passwordLogin(ctx context.Context, deviceID string) (session, e
 		InitialDeviceDisplayName: "mindroomd " + c.cfg.Agent,
 	})
 	if err != nil {
-		return session{}, fmt.Errorf("log in with password: %w", mapError(err))
+		return Session{}, fmt.Errorf("log in with password: %w", mapError(err))
 	}
 	switch {
 	case resp.UserID.String() != c.cfg.UserID:
-		return session{}, fmt.Errorf("%w: logged in as %s, not %s", ErrWrongUser, resp.UserID, c.cfg.UserID)
+		return Session{}, fmt.Errorf("%w: logged in as %s, not %s", ErrWrongUser, resp.UserID, c.cfg.UserID)
 	case resp.AccessToken == "" || resp.DeviceID == "":
-		return session{}, errors.New("log in with password: the homeserver returned no token or device")
+		return Session{}, errors.New("log in with password: the homeserver returned no token or device")
 	}
-	return session{UserID: resp.UserID.String(), DeviceID: resp.DeviceID.String(), AccessToken: resp.AccessToken}, nil
+	return Session{UserID: resp.UserID.String(), DeviceID: resp.DeviceID.String(), AccessToken: resp.AccessToken}, nil
 }
 
-func (c *Client) adopt(userID, deviceID, token string) session {
+func (c *Client) adopt(userID, deviceID, token string) Session {
 	c.mx.UserID = id.UserID(userID)
 	c.mu.Lock()
 	c.deviceID, c.token = deviceID, token
 	c.mu.Unlock()
-	return session{UserID: userID, DeviceID: deviceID, AccessToken: token}
+	return Session{UserID: userID, DeviceID: deviceID, AccessToken: token}
 }
 
 // relogin replaces a token the homeserver refused (M_UNKNOWN_TOKEN: the
 // session was signed out, the password reset) by a password login naming
-// the device, and keeps the new token in the session file. refused is the
+// the device, and keeps the new token in the stored session. refused is the
 // session whose token was refused: when another request has logged in
 // again since, its token is used instead. Without a password there is
 // nothing to log in with: the refusal is logged once and returned.
@@ -260,7 +266,7 @@ func (c *Client) relogin(ctx context.Context, refused uint64) error {
 	if err != nil {
 		return err
 	}
-	if err := writeSession(c.path, now); err != nil {
+	if err := c.sessions.SaveSession(ctx, c.agent, now); err != nil {
 		return err
 	}
 	c.mu.Lock()

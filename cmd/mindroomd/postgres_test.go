@@ -164,3 +164,94 @@ func TestStatusOnPostgreSQLRefusesADatabaseWithoutAJournalAndCreatesNothing(t *t
 		t.Fatalf("status created %d tables", tables)
 	}
 }
+
+// onPostgres writes a daemon configuration for bot with storage, its
+// journal in the database at dbURL.
+func onPostgres(t *testing.T, homeserver string, bot dendrite.Account, storage, dbURL string) string {
+	t.Helper()
+	cfg := writeDaemonConfig(t, homeserver, bot, storage)
+	urlFile := filepath.Join(filepath.Dir(cfg), "pg.url")
+	if err := os.WriteFile(urlFile, []byte(dbURL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("database_url_file: ./pg.url\n"); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestOnPostgreSQLADaemonOnAnotherHostSignsTheAgentInOnTheSameDevice(t *testing.T) {
+	dbURL := postgresURL(t)
+	hs := dendrite.Start(t)
+	bot := hs.Register(t, "pgecho", "pgecho-password-4d17")
+	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
+	room := alice.CreateRoom(bot.UserID)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	echoed := func(text string) func(json.RawMessage) bool {
+		return func(raw json.RawMessage) bool {
+			var ev struct {
+				Sender  string `json:"sender"`
+				Content struct {
+					Body string `json:"body"`
+				} `json:"content"`
+			}
+			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
+		}
+	}
+	first := t.TempDir()
+	d := runInProcess(onPostgres(t, hs.URL, bot, first, dbURL))
+	alice.AwaitEvent(ctx, room, dendrite.Joined(bot.UserID, 1))
+	alice.SendText(room, "hello")
+	alice.AwaitEvent(ctx, room, echoed("hello"))
+	d.stopCleanly(t)
+
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	readDevice := func() string {
+		t.Helper()
+		var device string
+		if err := conn.QueryRow(ctx, `SELECT device_id FROM matrix_sessions WHERE agent = 'echo'`).Scan(&device); err != nil {
+			t.Fatalf("the agent's session in the database: %v", err)
+		}
+		return device
+	}
+	device := readDevice()
+	if _, err := os.Stat(filepath.Join(first, "matrix", "echo.session.json")); !os.IsNotExist(err) {
+		t.Errorf("a session file was written under storage (%v); the session belongs in the database", err)
+	}
+
+	// Another host: a storage directory of its own, the same database, and
+	// the same pickle key, which opens the agent's olm account there.
+	second := t.TempDir()
+	key, err := os.ReadFile(filepath.Join(first, "pickle.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(second, "pickle.key"), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d = runInProcess(onPostgres(t, hs.URL, bot, second, dbURL))
+	defer func() {
+		if t.Failed() {
+			t.Logf("the second host's log:\n%s", d.log)
+		}
+	}()
+	alice.SendText(room, "from another host")
+	alice.AwaitEvent(ctx, room, echoed("from another host"))
+	d.stopCleanly(t)
+	if got := readDevice(); got != device {
+		t.Fatalf("the second host signed in on device %s, want the first's %s", got, device)
+	}
+	if strings.Contains(d.log.String(), "Matrix device changed") {
+		t.Fatalf("the second host changed the agent's device; its log:\n%s", d.log)
+	}
+}

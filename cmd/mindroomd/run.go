@@ -242,7 +242,7 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 	}
 	client, err := login(ctx, matrix.Config{Homeserver: cfg.Homeserver, UserID: a.UserID,
 		Password: a.Password.Reveal(), AccessToken: a.AccessToken.Reveal(), Agent: a.Name, StorageDir: cfg.Storage,
-		Log: log}, log)
+		Sessions: sessionsOf(d.store, cfg.Storage), Log: log}, log)
 	if err != nil {
 		return err
 	}
