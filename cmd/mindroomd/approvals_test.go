@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,26 +57,7 @@ func startApprovalWorld(t *testing.T) *approvalWorld {
 	if err := os.WriteFile(filepath.Join(dir, "pw"), []byte(w.bot.Password), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	command, err := json.Marshal([]string{"/bin/sh", "-c", approvalAgent, "agent", w.decisions, w.carol.UserID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "mindroom.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`homeserver: %s
-storage: ./storage
-listen: 127.0.0.1:0
-agents:
-  - name: clerk
-    user_id: "%s"
-    password_file: pw
-    auto_join: true
-    backend:
-      type: exec
-      command: %s
-      timeout: 20s
-`, hs.URL, w.bot.UserID, command)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeExecScriptConfig(t, dir, hs.URL, w.bot, approvalAgent, w.decisions, w.carol.UserID)
 	w.d = runInProcess(cfg)
 	t.Cleanup(func() {
 		w.d.stopCleanly(t)

@@ -72,10 +72,10 @@ func failedTurnLogged(log, eventID string) bool {
 
 // writeExecScriptConfig writes, into dir beside the agent's password file
 // pw, a configuration of one exec agent named script that runs the shell
-// script with arg as $1, and returns its path.
-func writeExecScriptConfig(t *testing.T, dir, homeserver string, bot dendrite.Account, script, arg string) string {
+// script with args as $1, $2, ..., and returns its path.
+func writeExecScriptConfig(t *testing.T, dir, homeserver string, bot dendrite.Account, script string, args ...string) string {
 	t.Helper()
-	command, err := json.Marshal([]string{"/bin/sh", "-c", script, "agent", arg})
+	command, err := json.Marshal(append([]string{"/bin/sh", "-c", script, "agent"}, args...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,20 +34,9 @@ func TestTheDaemonRunsOnPostgreSQLAndAnswersEachMessageOnceAcrossARestart(t *tes
 	alice := hs.User(t, hs.Register(t, "alice", "alice-password"))
 	room := alice.CreateRoom(bot.UserID)
 	storage := t.TempDir()
-	cfg := writeDaemonConfig(t, hs.URL, bot, storage)
 	// The journal moves to PostgreSQL by one key, the URL in a file.
+	cfg := onPostgres(t, hs.URL, bot, storage, dbURL)
 	urlFile := filepath.Join(filepath.Dir(cfg), "pg.url")
-	if err := os.WriteFile(urlFile, []byte(dbURL+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("database_url_file: ./pg.url\n"); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
 
 	awaitEcho := func(text string) {
 		t.Helper()
