@@ -121,6 +121,14 @@ func (a Agent) reader() journal.ConversationReader {
 type Deps struct {
 	// Agents are the served agents by agent name.
 	Agents map[string]Agent
+	// Serving, when set, is an agent as this process serves it at the
+	// moment, for replicas that divide the agents between them: Agents
+	// then only vouch for the tokens, and a request for an agent this
+	// process does not serve goes to Elsewhere.
+	Serving func(name string) (Agent, bool)
+	// Elsewhere answers an authorized request for an agent Serving does
+	// not have (required with Serving).
+	Elsewhere http.Handler
 	// Log receives the API's logs (default: discarded).
 	Log zerolog.Logger
 	// CursorKey authenticates conversation cursors. When empty a random key
@@ -149,7 +157,9 @@ type Deps struct {
 }
 
 type server struct {
-	agents map[string]Agent
+	agents    map[string]Agent
+	serving   func(string) (Agent, bool)
+	elsewhere http.Handler
 	// deliveries serializes what one agent asks of one delivery: the check
 	// for an earlier request and the enqueue of this one must not
 	// interleave with another's, or two different answers (or two messages
@@ -171,6 +181,8 @@ type server struct {
 func New(deps Deps) http.Handler {
 	s := &server{
 		agents:     deps.Agents,
+		serving:    deps.Serving,
+		elsewhere:  deps.Elsewhere,
 		log:        deps.Log,
 		cursors:    journal.CursorCodec{Key: deps.CursorKey},
 		heartbeat:  deps.Heartbeat,
@@ -311,6 +323,12 @@ func (s *server) authed(h agentHandler) http.HandlerFunc {
 		if holder != name {
 			writeError(w, http.StatusForbidden, codeForbidden, "the token belongs to another agent")
 			return
+		}
+		if s.serving != nil {
+			if a, ok = s.serving(name); !ok {
+				s.elsewhere.ServeHTTP(w, r)
+				return
+			}
 		}
 		h(w, r, name, a)
 	}

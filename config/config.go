@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -84,7 +85,18 @@ const (
 	// EnvDatabaseURL holds the PostgreSQL URL itself, a secret, in place of
 	// database_url_file.
 	EnvDatabaseURL = "MINDROOM_DATABASE_URL"
+	EnvReplicaID   = "MINDROOM_REPLICA_ID"
 )
+
+// ReplicasAuto is Config.Replicas of a replica of several.
+const ReplicasAuto = "auto"
+
+// MaxReplicaID is the longest replica_id: PostgreSQL keeps 63 bytes of
+// the application name that carries it.
+const MaxReplicaID = 45
+
+// DefaultReplicaTakeover is Config.ReplicaTakeover's default.
+const DefaultReplicaTakeover = 10 * time.Second
 
 // ErrConfig matches every error of this package, so that a caller can tell a
 // configuration it must not retry from any other failure.
@@ -200,6 +212,26 @@ type Config struct {
 	// Retention is how long each agent's settled data is kept, unless the
 	// agent sets its own. Absent: everything is kept.
 	Retention *Retention `yaml:"retention"`
+	// Replicas, "auto", makes this daemon one replica of several sharing
+	// the PostgreSQL journal: the live replicas divide the agents between
+	// them, each serving an agent only while it holds the agent's lease.
+	// Default "": this daemon serves every agent.
+	Replicas string `yaml:"replicas"`
+	// ReplicaID names this replica in status and among the lease holders.
+	// Default <hostname>-<pid>; MINDROOM_REPLICA_ID wins.
+	ReplicaID string `yaml:"replica_id"`
+	// ReplicaURL is where the other replicas reach this one's agent API,
+	// to forward an agent's requests to the replica serving it. Default
+	// http://<listen>, with the host's name when listen is a wildcard.
+	ReplicaURL string `yaml:"replica_url"`
+	// ReplicaTakeover bounds how long the agents of a replica that died or
+	// stalled wait for another: at least 2s, default 10s.
+	ReplicaTakeover time.Duration `yaml:"replica_takeover"`
+	// ReplicaLeaseCheck is how often a replica checks that the
+	// connections holding its leases are alive. Default a fifth of the
+	// takeover time. Whatever it is, a write after a lease was lost is
+	// refused.
+	ReplicaLeaseCheck time.Duration `yaml:"replica_lease_check"`
 	// Agents are the configured agents; at least one, names unique.
 	Agents []Agent `yaml:"agents"`
 }
@@ -499,6 +531,7 @@ func applyEnv(cfg *Config, lookupEnv func(string) (string, bool)) (storageFromEn
 		{EnvHomeserver, &cfg.Homeserver},
 		{EnvStorage, &cfg.Storage},
 		{EnvListen, &cfg.Listen},
+		{EnvReplicaID, &cfg.ReplicaID},
 	} {
 		if v, ok := lookupEnv(o.name); ok && v != "" {
 			*o.dst = v
@@ -529,6 +562,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.MediaMaxBytes == 0 {
 		c.MediaMaxBytes = DefaultMediaMaxBytes
+	}
+	if c.ReplicaTakeover == 0 {
+		c.ReplicaTakeover = DefaultReplicaTakeover
 	}
 	for i := range c.Agents {
 		a := &c.Agents[i]
@@ -568,6 +604,9 @@ func (c *Config) validate() error {
 	loopback, err := checkListen(c.Listen)
 	if err != nil {
 		return &Error{Field: "listen", Err: err}
+	}
+	if err := c.validateReplicas(); err != nil {
+		return err
 	}
 	if len(c.Agents) == 0 {
 		return fieldErr("agents", "at least one agent is required")
@@ -821,6 +860,26 @@ func checkListen(s string) (loopback bool, err error) {
 	return ip != nil && ip.IsLoopback(), nil
 }
 
+func (c *Config) validateReplicas() error {
+	switch {
+	case c.Replicas != "" && c.Replicas != ReplicasAuto:
+		return fieldErr("replicas", "%q is not a replica mode; the one there is is %q", c.Replicas, ReplicasAuto)
+	case c.ReplicaTakeover < 2*time.Second:
+		return fieldErr("replica_takeover", "must be at least 2s")
+	case c.ReplicaURL != "":
+		if err := checkHTTPURL(c.ReplicaURL); err != nil {
+			return &Error{Field: "replica_url", Err: err}
+		}
+	}
+	if len(c.ReplicaID) > MaxReplicaID || strings.ContainsFunc(c.ReplicaID, unicode.IsControl) {
+		return fieldErr("replica_id", "must be at most %d bytes, none of them control characters", MaxReplicaID)
+	}
+	if c.ReplicaLeaseCheck < 0 {
+		return fieldErr("replica_lease_check", "must not be negative")
+	}
+	return nil
+}
+
 // readSecrets resolves the secret files' paths against dir and reads them.
 func (c *Config) readSecrets(dir string) error {
 	if c.DatabaseURLFile != "" && !c.DatabaseURL.IsSet() {
@@ -841,6 +900,10 @@ func (c *Config) readSecrets(dir string) error {
 			}
 			return &Error{Field: field, Err: err}
 		}
+	}
+	if c.Replicas == ReplicasAuto && !c.DatabaseURL.IsSet() {
+		// Replicas share their journal: only PostgreSQL is shared.
+		return fieldErr("replicas", "replicas: auto needs the journal on PostgreSQL (database_url_file)")
 	}
 	for i := range c.Agents {
 		a := &c.Agents[i]

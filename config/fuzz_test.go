@@ -162,6 +162,7 @@ func FuzzConfig(f *testing.F) {
 			config.EnvStorage:     envStorage,
 			config.EnvListen:      envListen,
 			config.EnvDatabaseURL: "",
+			config.EnvReplicaID:   "",
 		}
 		lookupEnv := func(name string) (string, bool) {
 			v, ok := env[name]

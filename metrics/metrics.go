@@ -181,6 +181,25 @@ func (m *Metrics) Retained(agent string, n journal.RetentionCount) {
 // Reclaimed counts bytes handed back to the file system.
 func (m *Metrics) Reclaimed(bytes int64) { m.reclaimed.Add(float64(bytes)) }
 
+// Replica registers the gauges of a replica of several: the leases it
+// holds, the leases it took, and the writes refused because their lease
+// was gone (held, taken and fenced are read at each scrape).
+func (m *Metrics) Replica(held func() int, taken, fenced func() int64) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "mindroomd_leases_held",
+			Help: "Agents whose lease this replica holds, and so serves.",
+		}, func() float64 { return float64(held()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "mindroomd_lease_takeovers_total",
+			Help: "Agents' leases this replica took: at start, or from a replica that died, stalled or handed them back.",
+		}, func() float64 { return float64(taken()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "mindroomd_fenced_writes_total",
+			Help: "Writes refused because this replica did not, or no longer, hold the agent's lease.",
+		}, func() float64 { return float64(fenced()) }))
+}
+
 // Handler serves the registry as Prometheus text.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})

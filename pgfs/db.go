@@ -11,7 +11,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -82,8 +84,17 @@ type Options struct {
 	// for a principal only while it holds the principal's lease.
 	Leases bool
 	// LeaseCheck is how often a held lease's connection is checked
-	// (default DefaultLeaseCheck).
+	// (default Takeover/5).
 	LeaseCheck time.Duration
+	// Replica names this replica in the principals' lease holders and
+	// among the replicas' heartbeats.
+	Replica string
+	// Takeover bounds how long a stalled replica keeps its leases
+	// (default DefaultTakeover): the server ends a lease's connection left
+	// idle for half of it, and a transaction left idle as long, so a
+	// replica paused or cut off loses its locks, and its row locks, in
+	// time for another to take its principals within Takeover.
+	Takeover time.Duration
 }
 
 // Store is an open journal on PostgreSQL. It implements journal.Store.
@@ -114,6 +125,15 @@ type Store struct {
 	leases      sync.Map
 	leaseConfig *pgx.ConnConfig
 	leaseCheck  time.Duration
+	replica     string
+	takeover    time.Duration
+	// fenced counts the writes checkLease refused.
+	fenced atomic.Int64
+	// presence is the connection this replica beats on, holding its
+	// presence lock (replicas.go); nil before the first beat and after it
+	// failed.
+	presenceMu sync.Mutex
+	presence   *pgx.Conn
 }
 
 // Open connects, migrates the schema and starts the hint listener.
@@ -135,9 +155,23 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if s.maxGroup = opts.MaxGroup; s.maxGroup <= 0 {
 		s.maxGroup = MaxGroup
 	}
-	s.leasing, s.leaseConfig, s.leaseCheck = opts.Leases, cfg.ConnConfig.Copy(), opts.LeaseCheck
+	s.leasing, s.leaseCheck, s.replica, s.takeover = opts.Leases, opts.LeaseCheck, opts.Replica, opts.Takeover
+	if s.takeover <= 0 {
+		s.takeover = DefaultTakeover
+	}
 	if s.leaseCheck <= 0 {
-		s.leaseCheck = DefaultLeaseCheck
+		s.leaseCheck = s.takeover / 5
+	}
+	if s.leasing {
+		// The server's limit outlasts two checks, or a replica that checks
+		// seldom would lose a lease it keeps alive.
+		idle := strconv.FormatInt(max(s.takeover/2, 2*s.leaseCheck).Milliseconds(), 10)
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt((s.takeover / 2).Milliseconds(), 10)
+		s.leaseConfig = cfg.ConnConfig.Copy()
+		s.leaseConfig.RuntimeParams["idle_session_timeout"] = idle
+		// An operator, or a replica taking a stalled one's leases, tells a
+		// replica's leases apart in pg_stat_activity.
+		s.leaseConfig.RuntimeParams["application_name"] = leaseApplication + s.replica
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -229,6 +263,12 @@ func (s *Store) Hints() *hint.Bus { return s.hints }
 // returned has committed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.presenceMu.Lock()
+		if s.presence != nil {
+			_ = s.presence.Close(context.Background())
+			s.presence = nil
+		}
+		s.presenceMu.Unlock()
 		s.stopListen()
 		s.listening.Wait()
 		s.pool.Close()

@@ -24,13 +24,20 @@ import (
 const (
 	tryLease     = `SELECT pg_try_advisory_lock($1)`
 	releaseLease = `SELECT pg_advisory_unlock($1)`
-	bumpLease    = `UPDATE principals SET lease_generation = lease_generation + 1 WHERE id = $1 RETURNING lease_generation`
-	pingLease    = `SELECT 1`
+	bumpLease    = `UPDATE principals SET lease_generation = lease_generation + 1, lease_holder = $2, lease_since_ms = $3
+		WHERE id = $1 RETURNING lease_generation`
+	// clearHolder runs as the lease is handed back, while this replica
+	// still holds it: the holder it names is then gone from status at once.
+	clearHolder = `UPDATE principals SET lease_holder = '' WHERE id = $1 AND lease_generation = $2`
+	pingLease   = `SELECT 1`
 
-	// DefaultLeaseCheck is how often a held lease's connection is checked
-	// when Options.LeaseCheck is zero.
-	DefaultLeaseCheck = 2 * time.Second
+	// DefaultTakeover is Options.Takeover's default.
+	DefaultTakeover = 10 * time.Second
 )
+
+// LeaseTopic is the hint a replica publishes, to every replica sharing the
+// journal, when it hands a lease back: no principal is named so.
+const LeaseTopic = "mindroomd leases"
 
 // ErrLeaseLost refuses a write of a principal whose lease this replica
 // does not hold, or no longer holds.
@@ -42,6 +49,9 @@ type Lease struct {
 	// taking the lease set.
 	Principal  int64
 	Generation int64
+
+	// SinceMS is when this replica took it.
+	SinceMS int64
 
 	s    *Store
 	conn *pgx.Conn
@@ -73,15 +83,17 @@ func (s *Store) TryLease(ctx context.Context, principal int64) (l *Lease, held b
 		}
 		return nil, false, nil
 	}
-	l = &Lease{Principal: principal, s: s, conn: conn, lost: make(chan struct{}), stop: make(chan struct{})}
+	l = &Lease{Principal: principal, SinceMS: s.now().UnixMilli(), s: s, conn: conn, lost: make(chan struct{}),
+		stop: make(chan struct{})}
 	// The bump takes the principal's row lock: it waits for any write of
 	// the last holder still running, and every write after it sees the
-	// new generation.
-	if err := conn.QueryRow(ctx, bumpLease, principal).Scan(&l.Generation); err != nil {
+	// new generation. A holder stalled inside a transaction holds that
+	// lock only until the server ends its idle transaction (Takeover/2).
+	if err := conn.QueryRow(ctx, bumpLease, principal, s.replica, l.SinceMS).Scan(&l.Generation); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, false, fmt.Errorf("lease: bump the generation: %w", err)
 	}
-	s.leases.Store(principal, l.Generation)
+	s.leases.Store(principal, l)
 	l.done.Add(1)
 	go l.watch()
 	return l, true, nil
@@ -118,8 +130,15 @@ func (l *Lease) Release(ctx context.Context) error {
 		close(l.stop)
 		l.done.Wait()
 		l.forget()
+		_, err = l.conn.Exec(ctx, clearHolder, l.Principal, l.Generation)
 		var ok bool
-		err = l.conn.QueryRow(ctx, releaseLease, l.s.leaseKey(l.Principal)).Scan(&ok)
+		if uerr := l.conn.QueryRow(ctx, releaseLease, l.s.leaseKey(l.Principal)).Scan(&ok); err == nil {
+			err = uerr
+		}
+		if err == nil {
+			// The other replicas try for it now, not at their next round.
+			err = l.s.notifyLeases(ctx, l.conn)
+		}
 		if cerr := l.conn.Close(context.Background()); err == nil {
 			err = cerr
 		}
@@ -138,7 +157,7 @@ func (l *Lease) give() {
 }
 
 // forget stops the store's writes under the lease.
-func (l *Lease) forget() { l.s.leases.CompareAndDelete(l.Principal, l.Generation) }
+func (l *Lease) forget() { l.s.leases.CompareAndDelete(l.Principal, l) }
 
 // leaseKey is the advisory lock of principal's lease: advisory locks are
 // the database's, not a schema's, so the key is the journal's generation
@@ -151,17 +170,28 @@ func (s *Store) leaseKey(principal int64) int64 {
 }
 
 // checkLease refuses, inside a write transaction that read the principal's
-// generation under its row lock, a write this replica may not make.
+// generation under its row lock, a write this replica may not make. A
+// generation that moved on means another replica took the lease: this
+// one's is given up at once, whatever its connection still says.
 func (s *Store) checkLease(principal, generation int64) error {
 	if !s.leasing {
 		return nil
 	}
-	held, ok := s.leases.Load(principal)
-	switch {
-	case !ok:
+	v, ok := s.leases.Load(principal)
+	if !ok {
+		s.fenced.Add(1)
 		return fmt.Errorf("%w: principal %d", ErrLeaseLost, principal)
-	case held.(int64) != generation:
-		return fmt.Errorf("%w: principal %d is at generation %d, the lease took %d", ErrLeaseLost, principal, generation, held)
+	}
+	if l := v.(*Lease); l.Generation != generation {
+		s.fenced.Add(1)
+		s.log.Warn().Int64("principal", principal).Int64("generation", generation).Int64("lease_generation", l.Generation).
+			Msg("A write was refused: another replica took the principal's lease")
+		l.give()
+		return fmt.Errorf("%w: principal %d is at generation %d, the lease took %d", ErrLeaseLost, principal, generation, l.Generation)
 	}
 	return nil
 }
+
+// FencedWrites counts the writes refused because this replica did not, or
+// no longer, held the principal's lease.
+func (s *Store) FencedWrites() int64 { return s.fenced.Load() }

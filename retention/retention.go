@@ -20,6 +20,10 @@ type Target struct {
 	Policy journal.RetentionPolicy
 	// Interval spaces its passes; the first runs at start.
 	Interval time.Duration
+	// Active, when set, says whether the agent's data is this process's
+	// to prune now (a replica prunes only the agents it serves); a pass
+	// that finds it inactive waits for the next interval.
+	Active func() bool
 }
 
 // Deps are what Run needs.
@@ -57,6 +61,9 @@ func Run(ctx context.Context, d Deps) {
 				continue
 			}
 			due[i] = d.Now().Add(t.Interval)
+			if t.Active != nil && !t.Active() {
+				continue
+			}
 			if pass(ctx, d, t) {
 				cleared = true
 			}

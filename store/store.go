@@ -56,6 +56,16 @@ type Options struct {
 	// transaction gathers (default pgfs.MaxGroup); 1 commits every command
 	// alone.
 	PGMaxGroup int
+	// Replica, set on PostgreSQL, makes the store one replica of several
+	// under this name: it writes for a principal only while it holds the
+	// principal's lease (pgfs.Store.TryLease).
+	Replica string
+	// Takeover bounds how long a stalled replica keeps its leases
+	// (default pgfs.DefaultTakeover).
+	Takeover time.Duration
+	// LeaseCheck is how often a replica checks its leases' connections
+	// (default Takeover/5).
+	LeaseCheck time.Duration
 	// ListenHeartbeat is how long PostgreSQL's hint listener waits without
 	// a notification before it pings its connection (default
 	// pgfs.DefaultListenHeartbeat).
@@ -176,7 +186,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 func openPostgres(ctx context.Context, opts Options) (*Store, error) {
 	pg, err := pgfs.Open(ctx, pgfs.Options{URL: opts.DatabaseURL, Now: opts.Now, Log: opts.Log, Hints: opts.Hints,
 		MaxConns: opts.MaxConns, PageBudget: opts.PageBudget, ReadOnly: opts.ReadOnly, ListenHeartbeat: opts.ListenHeartbeat,
-		MaxGroup: opts.PGMaxGroup})
+		MaxGroup: opts.PGMaxGroup, Leases: opts.Replica != "", Replica: opts.Replica, Takeover: opts.Takeover,
+		LeaseCheck: opts.LeaseCheck})
 	if err != nil {
 		return nil, err
 	}
@@ -446,6 +457,17 @@ func (s *Store) Principal(ctx context.Context, agent, userID string) (journal.Pr
 		return nil, err
 	}
 	return newView(s.b, p, s.hints, s.now), nil
+}
+
+// PrincipalID is the journal's row ID of a principal, registering it
+// first when the journal never saw it.
+func (s *Store) PrincipalID(ctx context.Context, agent, userID string) (int64, error) {
+	jp, err := journal.NewPrincipal(agent, userID)
+	if err != nil {
+		return 0, err
+	}
+	p, err := s.b.Register(ctx, jp)
+	return p.ID, err
 }
 
 // sqliteBackend is the journal in its SQLite file: writes group-commit

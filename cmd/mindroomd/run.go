@@ -47,17 +47,17 @@ type daemon struct {
 	log    zerolog.Logger
 	store  *store.Store
 	system *actor.ActorSystem
-	// actors are each agent's hydrator and principal, in start order;
-	// they stop in reverse.
-	actors    []*actor.PID
+	// runs are the agents this daemon serves, in start order; they stop
+	// in reverse. A replica of several keeps its own in replicas instead.
+	runs      []*agentRun
+	replicas  *replicaSet
 	apiAgents map[string]api.Agent
 	metrics   *metrics.Metrics
 	server    *http.Server
 	faults    chan error
-	// crypto is the agents' crypto store, and machines their olm
-	// machines; both close after the principals stop.
+	// crypto is the agents' crypto store; it closes after the principals
+	// stop.
 	crypto    *e2ee.Store
-	machines  []*e2ee.Machine
 	pickleKey []byte
 	// background runs each agent's read receipts until the principals
 	// have stopped.
@@ -65,8 +65,9 @@ type daemon struct {
 	bg             context.Context
 	stopBackground context.CancelFunc
 	mediaMax       int64
-	// retention are the agents whose settled data is pruned.
-	retention []retention.Target
+	// mu guards agentHooks, each agent's metrics hooks.
+	mu         sync.Mutex
+	agentHooks map[string]agentHooks
 }
 
 // runDaemon runs the agents cfgPath configures until ctx ends or a fault
@@ -84,8 +85,8 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 			return err
 		}
 	}
-	d := &daemon{log: log, faults: make(chan error, len(cfg.Agents)+2), apiAgents: make(map[string]api.Agent),
-		mediaMax: cfg.MediaMaxBytes}
+	d := &daemon{log: log, faults: make(chan error, 1), apiAgents: make(map[string]api.Agent),
+		mediaMax: cfg.MediaMaxBytes, agentHooks: make(map[string]agentHooks)}
 	d.bg, d.stopBackground = context.WithCancel(context.Background())
 	defer func() {
 		// Close reports the writer's fault again; run already ends with it.
@@ -103,8 +104,24 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 		return err
 	}
 	d.system = actors.NewSystem(d.log)
+	var active func(string) bool
+	if cfg.Replicas == config.ReplicasAuto {
+		// The agents start as this replica takes their leases; the API
+		// knows every agent's token from the start.
+		if d.replicas, err = newReplicaSet(ctx, d, cfg, answers, clients); err != nil {
+			return err
+		}
+		for _, a := range cfg.Agents {
+			d.apiAgents[a.Name] = api.Agent{Token: a.APIToken.Reveal()}
+		}
+		active = d.replicas.serves
+	}
 	for i, a := range cfg.Agents {
-		if err := d.startAgent(ctx, cfg, a, answers[i], clients[i]); err != nil {
+		if d.replicas != nil {
+			break
+		}
+		run, err := d.startAgent(ctx, cfg, a, answers[i], clients[i], func(err error) { d.fault(fmt.Errorf("agent %s: %w", a.Name, err)) })
+		if err != nil {
 			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 				// A signal while waiting for the homeserver.
 				d.log.Info().Msg("Shutting down")
@@ -112,9 +129,15 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 			}
 			return fmt.Errorf("agents[%d] %s: %w", i, a.Name, err)
 		}
+		d.runs = append(d.runs, run)
+		d.apiAgents[a.Name] = run.api
+	}
+	targets, err := d.retentionTargets(ctx, cfg, active)
+	if err != nil {
+		return err
 	}
 	d.background.Go(func() {
-		retention.Run(d.bg, retention.Deps{Targets: d.retention, Log: d.log.With().Str("component", "retention").Logger(),
+		retention.Run(d.bg, retention.Deps{Targets: targets, Log: d.log.With().Str("component", "retention").Logger(),
 			OnPass: d.metrics.Retained, Reclaim: func(ctx context.Context) (int64, error) {
 				n, err := d.store.Reclaim(ctx)
 				d.metrics.Reclaimed(n)
@@ -124,6 +147,11 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 	addr, err := d.serve(cfg.Listen)
 	if err != nil {
 		return err
+	}
+	if d.replicas != nil {
+		if err := d.replicas.start(addr); err != nil {
+			return err
+		}
 	}
 	d.log.Info().Int("agents", len(cfg.Agents)).Str("storage", cfg.Storage).Str("journal", d.store.Kind()).
 		Str("listen", addr).Msg("mindroomd running")
@@ -142,6 +170,9 @@ func runDaemon(ctx context.Context, stderr io.Writer, cfg *config.Config) (err e
 // URL is configured, the SQLite file under storage otherwise.
 func (d *daemon) openJournal(ctx context.Context, cfg *config.Config) (*store.Store, error) {
 	opts := journalOptions(cfg)
+	if cfg.Replicas == config.ReplicasAuto {
+		opts.Replica, opts.Takeover, opts.LeaseCheck = replicaID(cfg), cfg.ReplicaTakeover, cfg.ReplicaLeaseCheck
+	}
 	opts.Log, opts.OnCommit, opts.OnBusy = d.log, d.metrics.Committed, d.metrics.Busy
 	return store.Open(ctx, opts)
 }
@@ -226,64 +257,128 @@ func placeholderOf(answer agent.Agent) json.RawMessage {
 	return nil
 }
 
-// startAgent signs one agent in and starts its principal.
-func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer agent.Agent, ref *clientRef) error {
-	plain, err := d.store.Principal(ctx, a.Name, a.UserID)
-	if err != nil {
-		return err
+// agentRun is one agent as this daemon serves it: what startAgent
+// started, stopped by stop in the reverse order.
+type agentRun struct {
+	name string
+	// api is the agent as the agent API serves it.
+	api api.Agent
+	// actors are its hydrator and principal, in start order.
+	actors  []*actor.PID
+	machine *e2ee.Machine
+	// stopMarks ends its read receipts, marks their loop.
+	stopMarks context.CancelFunc
+	marks     sync.WaitGroup
+}
+
+// agentHooks are one agent's metrics hooks: registered once, whatever
+// number of times a replica comes to serve the agent.
+type agentHooks struct {
+	onSynced   func([]journal.AdmitResult)
+	onDelivery func(string)
+	walked     func(metrics.Walk)
+}
+
+// hooks are the metrics hooks of the agent named name.
+func (d *daemon) hooks(name string) agentHooks {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h, ok := d.agentHooks[name]; ok {
+		return h
 	}
-	log := d.log.With().Str("agent", a.Name).Logger()
-	if r := cfg.RetentionOf(a); r != nil {
+	var h agentHooks
+	h.onSynced, h.onDelivery = d.metrics.Agent(name)
+	h.walked = d.metrics.Hydration(name)
+	d.agentHooks[name] = h
+	return h
+}
+
+// retentionTargets are the agents whose settled data is pruned, and their
+// policies.
+func (d *daemon) retentionTargets(ctx context.Context, cfg *config.Config, active func(string) bool) ([]retention.Target, error) {
+	var out []retention.Target
+	for _, a := range cfg.Agents {
+		r := cfg.RetentionOf(a)
+		if r == nil {
+			continue
+		}
+		plain, err := d.store.Principal(ctx, a.Name, a.UserID)
+		if err != nil {
+			return nil, err
+		}
 		interval := r.Interval
 		if interval <= 0 {
 			interval = config.DefaultRetentionInterval
 		}
-		d.retention = append(d.retention, retention.Target{Agent: a.Name, Store: plain, Policy: r.Policy(), Interval: interval})
+		t := retention.Target{Agent: a.Name, Store: plain, Policy: r.Policy(), Interval: interval}
+		if active != nil {
+			name := a.Name
+			t.Active = func() bool { return active(name) }
+		}
+		out = append(out, t)
 	}
+	return out, nil
+}
+
+// startAgent signs one agent in and starts its principal. onFault learns
+// of a fault that stopped the agent.
+func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Agent, answer agent.Agent, ref *clientRef,
+	onFault func(error)) (_ *agentRun, err error) {
+	plain, err := d.store.Principal(ctx, a.Name, a.UserID)
+	if err != nil {
+		return nil, err
+	}
+	log := d.log.With().Str("agent", a.Name).Logger()
 	client, err := login(ctx, matrix.Config{Homeserver: cfg.Homeserver, UserID: a.UserID,
 		Password: a.Password.Reveal(), AccessToken: a.AccessToken.Reveal(), Agent: a.Name, StorageDir: cfg.Storage,
 		Sessions: sessionsOf(d.store, cfg.Storage), Log: log}, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ref.c.Store(client)
 	machine, err := d.crypto.Machine(ctx, e2ee.Options{Account: plain.Principal().String(), Client: client,
 		PickleKey: d.pickleKey, Log: log, Observe: d.metrics.Decryption(a.Name)})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	d.machines = append(d.machines, machine)
+	run := &agentRun{name: a.Name, machine: machine}
+	defer func() {
+		if err != nil {
+			d.stopAgent(run)
+		}
+	}()
 	client.SetEncrypter(machine)
 	// Everything that settles the agent's events, its turns and the agent
 	// API alike, goes through the view that marks rooms read.
 	marks := receipts.New(receipts.Deps{Sender: client, Mode: receiptMode(a), Log: log.With().Str("component", "receipts").Logger()})
 	view := receipts.Wrap(plain, marks)
-	d.background.Go(func() { marks.Run(d.bg) })
+	var marksCtx context.Context
+	marksCtx, run.stopMarks = context.WithCancel(d.bg)
+	run.marks.Go(func() { marks.Run(marksCtx) })
 	if err := crossSign(ctx, cfg.Storage, a, machine, log); err != nil {
-		return err
+		return nil, err
 	}
-	onSynced, onDelivery := d.metrics.Agent(a.Name)
-	walked := d.metrics.Hydration(a.Name)
+	hooks := d.hooks(a.Name)
 	hyd := d.system.Root.Spawn(hydrator.Props(hydrator.Deps{Store: view, Transport: client, Decrypt: machine.Decrypt,
 		Log: log.With().Str("actor", "hydrator").Logger(), Finished: func(w hydrator.Walk, err error) {
-			walked(metrics.Walk{Kind: w.Kind, Requests: w.Requests, Events: w.Events, Chunks: w.Chunks,
+			hooks.walked(metrics.Walk{Kind: w.Kind, Requests: w.Requests, Events: w.Events, Chunks: w.Chunks,
 				Covered: w.Covered, Failed: err != nil})
 		}}))
-	d.actors = append(d.actors, hyd)
+	run.actors = append(run.actors, hyd)
 	reconciler := matrix.NewReconciler(client)
 	reconciler.Open = machine.Open
 	conversation := &hydrator.Reader{Store: view, Root: d.system.Root, Hydrator: hyd, Log: log}
 	pid := d.system.Root.Spawn(principal.Props(principal.Deps{
-		OnSynced: onSynced, OnDelivery: func(p outbox.Point) { onDelivery(string(p)) },
+		OnSynced: hooks.onSynced, OnDelivery: func(p outbox.Point) { hooks.onDelivery(string(p)) },
 		Store: view, Conversation: conversation, Transport: client, Agent: answer, Placeholder: placeholderOf(answer),
 		Sender: matrix.NewSender(client), Reconciler: reconciler, DeviceID: client.DeviceID(),
 		Hints: d.store.Hints(), AutoJoin: a.AutoJoin, Log: d.log.With().Str("agent", a.Name).Logger(),
 		Crypto: machine, KeyDeadline: cfg.KeyDeadline, KeyNoticeAfter: keyNoticeAfter(cfg),
 		MaxUpload: cfg.MediaMaxBytes, TypingRenew: typingRenew(a), ApprovalKeys: approvalKeys(a),
-		OnFault: func(err error) { d.faults <- fmt.Errorf("agent %s: %w", a.Name, err) },
+		OnFault: onFault,
 	}))
-	d.actors = append(d.actors, pid)
-	d.apiAgents[a.Name] = api.Agent{Store: view, Conversation: conversation, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
+	run.actors = append(run.actors, pid)
+	run.api = api.Agent{Store: view, Conversation: conversation, Token: a.APIToken.Reveal(), Hints: d.store.Hints(),
 		Homeserver: homeserver{client}, ApprovalKeys: approvalKeys(a), Leave: func(ctx context.Context, room string) error {
 			res, err := d.system.Root.RequestFuture(pid, &principal.Leave{RoomID: room}, leaveTimeout).Result()
 			if err != nil {
@@ -291,7 +386,23 @@ func (d *daemon) startAgent(ctx context.Context, cfg *config.Config, a config.Ag
 			}
 			return res.(*principal.Left).Err
 		}}
-	return nil
+	return run, nil
+}
+
+// stopAgent stops what startAgent started, in reverse: the principal
+// (its sync loop, workers, fences and outbox) and the hydrator, then the
+// read receipts, the olm machine last.
+func (d *daemon) stopAgent(run *agentRun) {
+	for i := len(run.actors) - 1; i >= 0; i-- {
+		if err := d.system.Root.StopFuture(run.actors[i]).Wait(); err != nil {
+			d.log.Warn().Err(err).Str("agent", run.name).Msg("Stopping an agent's actor failed")
+		}
+	}
+	if run.stopMarks != nil {
+		run.stopMarks()
+		run.marks.Wait()
+	}
+	run.machine.Close()
 }
 
 // The backoff of the login at start. The homeserver may start after the
@@ -353,8 +464,18 @@ func (d *daemon) serve(listen string) (string, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", d.metricsAccess(l.Addr(), d.metrics.Handler()))
-	agentAPI := api.New(api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger(),
-		MaxMedia: d.mediaMax})
+	deps := api.Deps{Agents: d.apiAgents, Log: d.log.With().Str("component", "api").Logger(), MaxMedia: d.mediaMax}
+	if d.replicas != nil {
+		deps.Serving = func(name string) (api.Agent, bool) {
+			s, ok := d.replicas.agent(name)
+			if !ok {
+				return api.Agent{}, false
+			}
+			return s.run.api, true
+		}
+		deps.Elsewhere = d.replicas
+	}
+	agentAPI := api.New(deps)
 	// MCP over streamable HTTP calls the same API in memory, with each
 	// request's own bearer token.
 	mux.Handle("/v1/agents/{agent}/mcp", mcpserver.Handler(agentAPI, slices.Sorted(maps.Keys(d.apiAgents)),
@@ -363,7 +484,7 @@ func (d *daemon) serve(listen string) (string, error) {
 	d.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := d.server.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.faults <- fmt.Errorf("agent API: %w", err)
+			d.fault(fmt.Errorf("agent API: %w", err))
 		}
 	}()
 	return l.Addr().String(), nil
@@ -400,17 +521,15 @@ func (d *daemon) stop() error {
 		}
 		cancel()
 	}
-	for i := len(d.actors) - 1; i >= 0; i-- {
-		if err := d.system.Root.StopFuture(d.actors[i]).Wait(); err != nil {
-			d.log.Warn().Err(err).Msg("Stopping an agent's actor failed")
-		}
+	if d.replicas != nil {
+		d.replicas.stop()
+	}
+	for i := len(d.runs) - 1; i >= 0; i-- {
+		d.stopAgent(d.runs[i])
 	}
 	if d.stopBackground != nil {
 		d.stopBackground()
 		d.background.Wait()
-	}
-	for _, m := range d.machines {
-		m.Close()
 	}
 	var err error
 	if d.store != nil {
@@ -424,6 +543,14 @@ func (d *daemon) stop() error {
 		}
 	}
 	return err
+}
+
+// fault ends the run with err, unless a fault already does.
+func (d *daemon) fault(err error) {
+	select {
+	case d.faults <- err:
+	default:
+	}
 }
 
 // keyNoticeAfter is principal.Deps.KeyNoticeAfter: 0, telling nothing,

@@ -60,6 +60,11 @@ func runStatus(ctx context.Context, out io.Writer, journalAt store.Options, now 
 	if err := writeRetention(ctx, out, s, st, now()); err != nil {
 		return err
 	}
+	if pg := s.Postgres(); pg != nil {
+		if err := writeReplicas(ctx, out, pg, now()); err != nil {
+			return err
+		}
+	}
 	return writeDevices(out, journalAt.StorageDir, st)
 }
 
@@ -95,6 +100,43 @@ func writeRetention(ctx context.Context, out io.Writer, s *store.Store, st []jou
 	fmt.Fprintln(w, "\nRETENTION\tPASSES\tLAST PASS\tROWS PRUNED\tBYTES CLEARED\tOLDEST MESSAGE KEPT")
 	for _, l := range lines {
 		fmt.Fprint(w, l)
+	}
+	return w.Flush()
+}
+
+// writeReplicas prints, when several daemons share the journal, each
+// replica with its last heartbeat, and each principal's lease: the replica
+// holding it, since when, and the generation it took. Nothing when no
+// replica ever beat.
+func writeReplicas(ctx context.Context, out io.Writer, pg *pgfs.Store, at time.Time) error {
+	replicas, err := pg.Replicas(ctx)
+	if err != nil || len(replicas) == 0 {
+		return err
+	}
+	holders, err := pg.Holders(ctx)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "\nREPLICA\tAPI URL\tSTARTED\tLAST BEAT\tSTATE")
+	for _, r := range replicas {
+		state := "live"
+		if !r.Live {
+			state = "silent"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s ago\t%s\n", r.ID, r.APIURL, time.UnixMilli(r.StartedMS).UTC().Format(time.RFC3339),
+			r.Age.Round(time.Second), state)
+	}
+	fmt.Fprintln(w, "\nLEASE\tHOLDER\tSINCE\tGENERATION")
+	for _, h := range holders {
+		holder, since := h.Replica, "-"
+		if holder == "" {
+			holder = "none"
+		} else {
+			since = fmt.Sprintf("%s (%s ago)", time.UnixMilli(h.SinceMS).UTC().Format(time.RFC3339),
+				max(0, at.Sub(time.UnixMilli(h.SinceMS))).Round(time.Second))
+		}
+		fmt.Fprintf(w, "%s@%s\t%s\t%s\t%d\n", h.Agent, h.UserID, holder, since, h.Generation)
 	}
 	return w.Flush()
 }
