@@ -79,8 +79,10 @@ func startReplicaWorld(t *testing.T, agents int, takeover time.Duration) *replic
 		bot := hs.Register(t, fmt.Sprintf("rep%d", i), fmt.Sprintf("rep%d-password-5c1e", i))
 		w.bots = append(w.bots, bot)
 		w.rooms = append(w.rooms, w.alice.CreateRoom(bot.UserID))
-		if err := os.WriteFile(filepath.Join(w.dir, fmt.Sprintf("rep%d.pw", i)), []byte(bot.Password), 0o600); err != nil {
-			t.Fatal(err)
+		for file, v := range map[string]string{"pw": bot.Password, "tok": replicaToken(i)} {
+			if err := os.WriteFile(filepath.Join(w.dir, fmt.Sprintf("rep%d.%s", i, file)), []byte(v), 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if err := os.WriteFile(filepath.Join(w.dir, "pg.url"), []byte(w.dbURL+"\n"), 0o600); err != nil {
@@ -92,6 +94,9 @@ func startReplicaWorld(t *testing.T, agents int, takeover time.Duration) *replic
 	}
 	return w
 }
+
+// replicaToken is agent i's API token.
+func replicaToken(i int) string { return fmt.Sprintf("rep%d-api-token-7a2f", i) }
 
 // config writes the configuration of the replica named id.
 func (w *replicaWorld) config(id string) string {
@@ -115,6 +120,7 @@ replica_takeover: %s
 		fmt.Fprintf(&b, `  - name: rep%d
     user_id: "%s"
     password_file: ./rep%d.pw
+    api_token_file: ./rep%d.tok
     auto_join: true
     read_receipts: "off"
     typing: false
@@ -122,7 +128,7 @@ replica_takeover: %s
       type: exec
       command: %s
       timeout: 20s
-`, i, bot.UserID, i, command)
+`, i, bot.UserID, i, i, command)
 	}
 	path := filepath.Join(w.dir, id+".yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
@@ -532,4 +538,83 @@ func TestAReplicaWhoseLeaseConnectionsAreTerminatedGivesItsAgentsUpAndRejoins(t 
 	w.replicas["r1"].stop(t)
 	w.replicas["r2"].stop(t)
 	w.checkAnsweredOnce()
+}
+
+// call asks the agent API at addr, as agent i, and returns the status and
+// the body.
+func (w *replicaWorld) call(addr string, i int, method, path, body string) (int, string) {
+	w.t.Helper()
+	req, err := http.NewRequestWithContext(w.ctx, method, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+replicaToken(i))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return resp.StatusCode, string(data)
+}
+
+func TestEveryReplicasAgentAPIAnswersForEveryAgent(t *testing.T) {
+	w := startReplicaWorld(t, 2, 4*time.Second)
+	w.start("r1")
+	w.start("r2")
+	h := w.awaitHolders("two agents over two replicas", w.spread("r1", "r2"))
+	for i, room := range w.rooms {
+		w.alice.AwaitEvent(w.ctx, room, dendrite.Joined(w.bots[i].UserID, 1))
+		asked := w.alice.SendText(room, fmt.Sprintf("read-%d", i))
+		w.alice.AwaitEvent(w.ctx, room, w.answered(i, fmt.Sprintf("read-%d", i)))
+		for _, id := range []string{"r1", "r2"} {
+			// Reads: the conversation, whichever replica serves the agent.
+			status, body := w.call(w.addrs[id], i, http.MethodGet, "/v1/agents/rep"+strconv.Itoa(i)+"/rooms/"+room+"/messages", "")
+			if status != http.StatusOK || !strings.Contains(body, asked) {
+				t.Fatalf("rep%d's conversation through %s (holder %s): %d %s", i, id, h[fmt.Sprintf("rep%d", i)], status, body)
+			}
+			// Writes: a message the agent sends, through either replica,
+			// once under its key.
+			text := fmt.Sprintf("sent by rep%d through %s", i, id)
+			for range 2 {
+				status, body = w.call(w.addrs[id], i, http.MethodPost, "/v1/agents/rep"+strconv.Itoa(i)+"/rooms/"+room+"/send",
+					fmt.Sprintf(`{"body": %q, "key": %q}`, text, id))
+				if status != http.StatusOK && status != http.StatusAccepted {
+					t.Fatalf("send through %s: %d %s", id, status, body)
+				}
+			}
+			w.alice.AwaitEvent(w.ctx, room, func(raw json.RawMessage) bool {
+				var ev struct {
+					Sender  string `json:"sender"`
+					Content struct {
+						Body string `json:"body"`
+					} `json:"content"`
+				}
+				return json.Unmarshal(raw, &ev) == nil && ev.Sender == w.bots[i].UserID && ev.Content.Body == text
+			})
+			// Another agent's token is refused on either replica, before
+			// anything is forwarded.
+			if status, body := w.call(w.addrs[id], 1-i, http.MethodGet, "/v1/agents/rep"+strconv.Itoa(i)+"/rooms", ""); status != http.StatusForbidden {
+				t.Fatalf("another agent's token through %s: %d %s", id, status, body)
+			}
+		}
+	}
+	w.replicas["r1"].stop(t)
+	w.replicas["r2"].stop(t)
+	w.checkAnsweredOnce()
+	sent := 0
+	for i, room := range w.rooms {
+		for _, raw := range w.alice.Messages(room) {
+			if strings.Contains(string(raw), fmt.Sprintf("sent by rep%d through", i)) {
+				sent++
+			}
+		}
+	}
+	if sent != 4 {
+		t.Fatalf("the rooms hold %d sent messages, want one per agent and replica (4)", sent)
+	}
 }
