@@ -24,7 +24,10 @@ const (
 
 	savepointCommand = `SAVEPOINT command`
 	rollbackCommand  = `ROLLBACK TO SAVEPOINT command`
-	releaseCommand   = `RELEASE SAVEPOINT command`
+	// nextCommand ends one command's savepoint and opens the next's in one
+	// round trip: a statement without arguments goes by the simple
+	// protocol, which takes several.
+	nextCommand = `RELEASE SAVEPOINT command; SAVEPOINT command`
 )
 
 // command is one write command waiting in its principal's queue.
@@ -113,13 +116,17 @@ func (s *Store) commitGroup(principal int64, batch []*command) {
 		retried []*command
 	)
 	err := s.transaction(context.Background(), principal, func(t *Tx) error {
+		// open is set while a savepoint is open for the next command.
+		open := false
 		for _, c := range batch {
 			if err := c.ctx.Err(); err != nil {
 				c.done <- err
 				continue
 			}
-			if _, err := t.exec(savepointCommand); err != nil {
-				return err
+			if !open {
+				if _, err := t.exec(savepointCommand); err != nil {
+					return err
+				}
 			}
 			// The group's statements run under its own context: a command's
 			// caller giving up mid-statement would have pgx close the
@@ -129,6 +136,8 @@ func (s *Store) commitGroup(principal int64, batch []*command) {
 				if _, rerr := t.exec(rollbackCommand); rerr != nil {
 					return rerr
 				}
+				// Rolled back to it, the savepoint stays open for the next.
+				open = true
 				if retryable(err) {
 					retried = append(retried, c)
 				} else {
@@ -136,11 +145,13 @@ func (s *Store) commitGroup(principal int64, batch []*command) {
 				}
 				continue
 			}
-			if _, err := t.exec(releaseCommand); err != nil {
+			if _, err := t.exec(nextCommand); err != nil {
 				return err
 			}
+			open = true
 			ran, hints = append(ran, c), append(hints, h...)
 		}
+		// COMMIT releases the savepoint left open.
 		return s.notify(t, hints)
 	})
 	if err != nil {

@@ -17,6 +17,9 @@ const (
 	// generation, and a listener drops another store's.
 	listenHints = `LISTEN mindroomd_hints`
 	notifyHint  = `SELECT pg_notify('mindroomd_hints', $1)`
+	// notifyHints queues a command's, or a group's, notifications in one
+	// round trip.
+	notifyHints = `SELECT count(pg_notify('mindroomd_hints', n)) FROM unnest($1::text[]) AS n`
 )
 
 // notification is a hint as it travels: who, where, and how far, never
@@ -34,14 +37,19 @@ type notification struct {
 // notify queues the hints in the transaction: PostgreSQL delivers them if,
 // and only when, it commits.
 func (s *Store) notify(t *Tx, hints []hint.Hint) error {
-	for _, h := range hints {
+	if len(hints) == 0 {
+		return nil
+	}
+	payloads := make([]string, len(hints))
+	for i, h := range hints {
 		payload, err := json.Marshal(notification{Generation: s.generation, Origin: s.origin, Principal: h.Principal, Room: h.Room, Position: h.Position})
 		if err != nil {
 			return err
 		}
-		if _, err := t.exec(notifyHint, string(payload)); err != nil {
-			return fmt.Errorf("notify: %w", err)
-		}
+		payloads[i] = string(payload)
+	}
+	if _, err := t.exec(notifyHints, payloads); err != nil {
+		return fmt.Errorf("notify: %w", err)
 	}
 	return nil
 }
