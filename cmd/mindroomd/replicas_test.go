@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -603,9 +604,44 @@ func TestEveryReplicasAgentAPIAnswersForEveryAgent(t *testing.T) {
 			}
 		}
 	}
+	// status shows both replicas live and who holds each lease.
+	out, err := run(t, "status", "-database-url-file", filepath.Join(w.dir, "pg.url"))
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	h = w.holders()
+	for _, want := range []string{"REPLICA", "LEASE", "HOLDER", "GENERATION"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("status lacks %s:\n%s", want, out)
+		}
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if !regexp.MustCompile(`(?m)^` + id + `\s+http://` + regexp.QuoteMeta(w.addrs[id]) + `\s+\S+\s+\d+s ago\s+live$`).MatchString(out) {
+			t.Errorf("status does not show %s live at %s:\n%s", id, w.addrs[id], out)
+		}
+	}
+	for i, bot := range w.bots {
+		holder := h[fmt.Sprintf("rep%d", i)]
+		if !regexp.MustCompile(`(?m)^rep` + strconv.Itoa(i) + `@` + regexp.QuoteMeta(bot.UserID) + `\s+` + holder + `\s`).MatchString(out) {
+			t.Errorf("status does not show rep%d held by %s:\n%s", i, holder, out)
+		}
+	}
 	w.replicas["r1"].stop(t)
 	w.replicas["r2"].stop(t)
 	w.checkAnsweredOnce()
+	// Stopped cleanly, each handed its leases back and left.
+	out, err = run(t, "status", "-database-url-file", filepath.Join(w.dir, "pg.url"))
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "REPLICA") {
+		t.Errorf("the stopped replicas are still listed:\n%s", out)
+	}
+	for h, holder := range w.holders() {
+		if holder != "" {
+			t.Errorf("%s is still held by %s after both replicas stopped", h, holder)
+		}
+	}
 	sent := 0
 	for i, room := range w.rooms {
 		for _, raw := range w.alice.Messages(room) {
