@@ -42,8 +42,9 @@ const (
 		WHERE p.agent = $1 AND r.heartbeat_ms > ` + dbNowMS + ` - $2`
 
 	// terminateLeases ends a silent replica's lease sessions, whose locks
-	// would otherwise outlive it until the server found them idle.
-	terminateLeases = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	// would otherwise outlive it until the server found them idle, and
+	// waits (up to 5 s) until they are gone, their locks with them.
+	terminateLeases = `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
 		WHERE application_name = $1 AND datname = current_database()`
 	// leaseApplication and presenceApplication start the application_name
 	// of a replica's lease and presence sessions; the replica's name ends
