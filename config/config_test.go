@@ -422,6 +422,12 @@ func TestEveryInvalidFieldIsRefusedByName(t *testing.T) {
 		{"IPv6ListenWithoutToken", "listen: \"[::]:8787\"\n" + head + pw + echo, "agents[0].api_token_file", "not a loopback address"},
 		{"HostnameListenWithoutToken", "listen: bot.example.org:8787\n" + head + pw + "    api_token_file: secrets/api-token\n" + echo +
 			"  - {name: two, user_id: \"@two:localhost\", password_file: secrets/password, backend: {type: echo}}\n", "agents[1].api_token_file", "not a loopback address"},
+		{"ReplicasUnknown", "replicas: manual\n" + head + pw + echo, "replicas", `"manual" is not a replica mode`},
+		{"ReplicasWithoutPostgreSQL", "replicas: auto\n" + head + pw + echo, "replicas", "needs the journal on PostgreSQL"},
+		{"ReplicaTakeoverTooShort", "replica_takeover: 1s\n" + head + pw + echo, "replica_takeover", "at least 2s"},
+		{"ReplicaURLNotHTTP", "replica_url: 10.0.0.1:8787\n" + head + pw + echo, "replica_url", "not a valid http(s) URL"},
+		{"ReplicaIDTooLong", "replica_id: " + strings.Repeat("r", 46) + "\n" + head + pw + echo, "replica_id", "at most 45 bytes"},
+		{"ReplicaLeaseCheckNegative", "replica_lease_check: -1s\n" + head + pw + echo, "replica_lease_check", "must not be negative"},
 		{"PasswordFileMissing", head + "    password_file: secrets/nope\n" + echo, "agents[0].password_file", "secrets/nope: no such file"},
 		{"PasswordFileEmpty", head + "    password_file: secrets/empty\n" + echo, "agents[0].password_file", "secrets/empty is empty"},
 		{"AccessTokenFileIsADirectory", head + "    access_token_file: secrets\n" + echo, "agents[0].access_token_file", "read secret"},
