@@ -298,11 +298,20 @@ func (r *replicaSet) take(ctx context.Context, a replicaAgent) {
 	defer cancel()
 	run, err := r.d.startAgent(sctx, r.cfg, a.cfg, a.answer, a.ref, r.onFault(a.cfg.Name))
 	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Warn().Err(err).Str("agent", a.cfg.Name).Msg("The agent did not start; its lease goes back")
-		}
 		if rerr := l.Release(context.Background()); rerr != nil {
 			r.log.Warn().Err(rerr).Str("agent", a.cfg.Name).Msg("Handing the lease back failed; it drops with its connection")
+		}
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, context.DeadlineExceeded):
+			// The homeserver kept failing: another round, or another
+			// replica, tries again.
+			r.log.Warn().Err(err).Str("agent", a.cfg.Name).Msg("The agent did not start in time; its lease goes back")
+		default:
+			// Refused credentials, a crypto store the pickle key does not
+			// open: no replica mends that by trying again, so this one
+			// stops, as a daemon serving every agent would.
+			r.d.fault(fmt.Errorf("agent %s: %w", a.cfg.Name, err))
 		}
 		return
 	}

@@ -597,6 +597,15 @@ func TestEveryReplicasAgentAPIAnswersForEveryAgent(t *testing.T) {
 				}
 				return json.Unmarshal(raw, &ev) == nil && ev.Sender == w.bots[i].UserID && ev.Content.Body == text
 			})
+			// MCP goes the same way: its tools call the API in memory.
+			cs, _, err := mcpOverHTTP("http://"+w.addrs[id]+"/v1/agents/rep"+strconv.Itoa(i)+"/mcp", replicaToken(i), nil, "")
+			if err != nil {
+				t.Fatalf("MCP through %s: %v", id, err)
+			}
+			if page := mcpTool[mcpPage](t, cs, "read_conversation", map[string]any{"room_id": room}); !page.has(asked) {
+				t.Fatalf("rep%d's read_conversation through %s lacks %s: %+v", i, id, asked, page.Messages)
+			}
+			_ = cs.Close()
 			// Another agent's token is refused on either replica, before
 			// anything is forwarded.
 			if status, body := w.call(w.addrs[id], 1-i, http.MethodGet, "/v1/agents/rep"+strconv.Itoa(i)+"/rooms", ""); status != http.StatusForbidden {
