@@ -217,6 +217,11 @@ func (w *replicaWorld) spread(ids ...string) func(map[string]string) bool {
 
 // answered matches bot i's answer to body.
 func (w *replicaWorld) answered(i int, body string) func(json.RawMessage) bool {
+	return w.said(i, "answer: "+body)
+}
+
+// said matches a message of bot i's whose body is body.
+func (w *replicaWorld) said(i int, body string) func(json.RawMessage) bool {
 	return func(raw json.RawMessage) bool {
 		var ev struct {
 			Sender  string `json:"sender"`
@@ -224,7 +229,7 @@ func (w *replicaWorld) answered(i int, body string) func(json.RawMessage) bool {
 				Body string `json:"body"`
 			} `json:"content"`
 		}
-		return json.Unmarshal(raw, &ev) == nil && ev.Sender == w.bots[i].UserID && ev.Content.Body == "answer: "+body
+		return json.Unmarshal(raw, &ev) == nil && ev.Sender == w.bots[i].UserID && ev.Content.Body == body
 	}
 }
 
@@ -588,15 +593,7 @@ func TestEveryReplicasAgentAPIAnswersForEveryAgent(t *testing.T) {
 					t.Fatalf("send through %s: %d %s", id, status, body)
 				}
 			}
-			w.alice.AwaitEvent(w.ctx, room, func(raw json.RawMessage) bool {
-				var ev struct {
-					Sender  string `json:"sender"`
-					Content struct {
-						Body string `json:"body"`
-					} `json:"content"`
-				}
-				return json.Unmarshal(raw, &ev) == nil && ev.Sender == w.bots[i].UserID && ev.Content.Body == text
-			})
+			w.alice.AwaitEvent(w.ctx, room, w.said(i, text))
 			// MCP goes the same way: its tools call the API in memory.
 			cs, _, err := mcpOverHTTP("http://"+w.addrs[id]+"/v1/agents/rep"+strconv.Itoa(i)+"/mcp", replicaToken(i), nil, "")
 			if err != nil {
