@@ -77,6 +77,16 @@ func open(ctx context.Context, raw *sql.DB, dialect string) (*Store, error) {
 		return nil, fmt.Errorf("open crypto store: %w", err)
 	}
 	s := &Store{db: db, state: sqlstatestore.NewSQLStateStore(db, nil, false)}
+	if dialect == "postgres" {
+		// Replicas starting at once on a new database upgrade one at a
+		// time: the upgrades create their version tables unlocked.
+		unlock, err := lockUpgrade(ctx, raw)
+		if err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("upgrade crypto store: %w", err)
+		}
+		defer unlock()
+	}
 	if err := crypto.NewSQLCryptoStore(db, nil, "", "", nil).DB.Upgrade(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("upgrade crypto store: %w", err)
@@ -86,6 +96,29 @@ func open(ctx context.Context, raw *sql.DB, dialect string) (*Store, error) {
 		return nil, fmt.Errorf("upgrade room state store: %w", err)
 	}
 	return s, nil
+}
+
+// The advisory lock of the crypto store's upgrades on PostgreSQL.
+const (
+	lockUpgrades   = `SELECT pg_advisory_lock(7236281730651218690)`
+	unlockUpgrades = `SELECT pg_advisory_unlock(7236281730651218690)`
+)
+
+// lockUpgrade takes the upgrades' lock on a connection of its own and
+// returns its release.
+func lockUpgrade(ctx context.Context, raw *sql.DB) (func(), error) {
+	conn, err := raw.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(ctx, lockUpgrades); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), unlockUpgrades)
+		conn.Close()
+	}, nil
 }
 
 // Close closes the database.

@@ -37,7 +37,7 @@ func SchemaVersion() int { return len(migrations()) }
 // transaction with its version row. A schema holding other tables and no
 // versions belongs to someone else and is refused.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, createVersions); err != nil {
+	if err := createVersionsTable(ctx, pool); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	for _, m := range migrations() {
@@ -46,6 +46,25 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
+}
+
+// createVersionsTable creates the versions table under the migrations'
+// lock: IF NOT EXISTS alone does not keep two replicas starting at once on
+// a new database from both creating it, one of them failing on the
+// catalog's unique index.
+func createVersionsTable(ctx context.Context, pool *pgxpool.Pool) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, lockMigrations); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, createVersions); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // readSchema reads the journal's schema version, and whether the schema

@@ -3,6 +3,7 @@ package pgfs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -165,5 +166,25 @@ func TestAnAgentsOwnerIsTheLiveReplicaHoldingItsLease(t *testing.T) {
 	}
 	if err := write(a, p.ID, "late"); !errors.Is(err, pgfs.ErrLeaseLost) || a.FencedWrites() != 1 {
 		t.Fatalf("a's write after its lease was lost = %v (%d refused), want ErrLeaseLost, counted", err, a.FencedWrites())
+	}
+}
+
+func TestReplicasOpeningANewDatabaseAtOnceAllMigrateIt(t *testing.T) {
+	url := cluster.Schema(t)
+	const replicas = 4
+	errs := make(chan error, replicas)
+	for i := range replicas {
+		go func() {
+			s, err := pgfs.Open(context.Background(), pgfs.Options{URL: url, Leases: true, Replica: fmt.Sprintf("r%d", i)})
+			if err == nil {
+				s.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range replicas {
+		if err := <-errs; err != nil {
+			t.Fatalf("a replica opening a new database beside others: %v", err)
+		}
 	}
 }

@@ -133,12 +133,30 @@ func (r *replicaSet) start(apiAddr string) error {
 	r.url = advertised(r.cfg, apiAddr)
 	if err := r.pg.Beat(context.Background(), r.url); errors.Is(err, pgfs.ErrReplicaRunning) {
 		return &config.Error{Field: "replica_id", Err: err}
+	} else if err != nil {
+		r.log.Warn().Err(err).Msg("The first heartbeat failed; the next will try again")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stopLoop = cancel
 	wake := r.d.store.Hints().Subscribe(pgfs.LeaseTopic)
 	r.log.Info().Str("replica", r.pg.ReplicaID()).Str("api_url", r.url).Dur("takeover", r.takeover).
 		Msg("Serving as one replica of several")
+	// The beat has a loop of its own: a round that signs several agents
+	// in takes longer than the server leaves the presence session idle.
+	r.loop.Go(func() {
+		tick := time.NewTicker(r.takeover / 5)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if err := r.pg.Beat(ctx, r.url); err != nil {
+				r.warn(ctx, err, "The heartbeat failed")
+			}
+		}
+	})
 	r.loop.Go(func() {
 		defer wake.Close()
 		tick := time.NewTicker(r.takeover / 5)
@@ -185,10 +203,6 @@ func (r *replicaSet) serves(name string) bool {
 // its connection, and its agents are orphans the live take over at once,
 // without waiting for its heartbeat to go stale.
 func (r *replicaSet) round(ctx context.Context) {
-	if err := r.pg.Beat(ctx, r.url); err != nil {
-		r.warn(ctx, err, "The heartbeat failed; taking no agent this round")
-		return
-	}
 	replicas, err := r.pg.Replicas(ctx)
 	if err != nil {
 		r.warn(ctx, err, "Reading the replicas failed; taking no agent this round")
