@@ -44,6 +44,7 @@ test: lint dendrite
 	$(MAKE) soak-ci-encrypted
 	$(MAKE) soak-ci-retention
 	$(MAKE) soak-ci-pg
+	$(MAKE) soak-ci-replicas
 	$(MAKE) fuzz FUZZTIME=3000x
 
 test-short: dendrite
@@ -91,9 +92,13 @@ bench-pg-smoke:
 # encrypted size CI runs, beside soak-ci's clear one. RETENTION=1 runs the
 # daemon under retention at its tiniest windows (a second; identities
 # 24h), a pass every second: soak-ci-retention on SQLite, and soak-ci-pg.
+# soak-replicas runs three daemons with replicas: auto on the one
+# PostgreSQL journal, six agents each in a room of its own; each kill takes
+# one replica, whose agents the others take over until it rejoins.
+# soak-ci-replicas is its size CI runs.
 SOAK_K ?= 2000
 SOAK_M ?= 30
-.PHONY: soak soak-ci soak-ci-encrypted soak-ci-retention soak-pg soak-ci-pg
+.PHONY: soak soak-ci soak-ci-encrypted soak-ci-retention soak-pg soak-ci-pg soak-replicas soak-ci-replicas
 soak soak-pg: ENCRYPTED ?= 0
 soak soak-pg: RETENTION ?= 0
 soak: build dendrite
@@ -113,6 +118,12 @@ soak-pg: build dendrite
 
 soak-ci-pg:
 	$(MAKE) soak-pg SOAK_K=200 SOAK_M=5 ENCRYPTED=0 RETENTION=1
+
+soak-replicas: build dendrite
+	$(GO) run ./bench/soak -pg -replicas 3 -k $(SOAK_K) -m $(SOAK_M)
+
+soak-ci-replicas:
+	$(MAKE) soak-replicas SOAK_K=200 SOAK_M=5
 
 # The journal under a chat's sustained load (bench/load): 20 principals ×
 # 10 rooms, 300 events/s for 60 s, with readers, exporters and the outbox

@@ -9,10 +9,13 @@ import (
 
 // roomEvent is the part of a room event the checks read.
 type roomEvent struct {
-	ID      string `json:"event_id"`
-	Type    string `json:"type"`
-	Sender  string `json:"sender"`
-	Content struct {
+	ID     string `json:"event_id"`
+	Type   string `json:"type"`
+	Sender string `json:"sender"`
+	// OriginTS is when the homeserver took the event in, in Unix
+	// milliseconds.
+	OriginTS int64 `json:"origin_server_ts"`
+	Content  struct {
 		Body      string `json:"body"`
 		RelatesTo *struct {
 			RelType   string `json:"rel_type"`
@@ -53,6 +56,8 @@ type answer struct {
 	Thread string
 	// DeliveryID and Stage are its delivery marker's, "" without one.
 	DeliveryID, Stage string
+	// TS is when the homeserver took it in, in Unix milliseconds.
+	TS int64
 }
 
 // answer reads ev as an answer of bot's: a message from bot that is not an
@@ -61,7 +66,7 @@ func (ev roomEvent) answer(bot string) (answer, bool) {
 	if ev.Sender != bot || ev.Type != "m.room.message" || ev.isEdit() {
 		return answer{}, false
 	}
-	a := answer{ID: ev.ID, Body: ev.Content.Body}
+	a := answer{ID: ev.ID, Body: ev.Content.Body, TS: ev.OriginTS}
 	if d := ev.Content.Delivery; d != nil {
 		a.DeliveryID, a.Stage = d.DeliveryID, d.Stage
 	}
@@ -193,4 +198,46 @@ func tallyRoom(events []json.RawMessage, bot string, msgs []sent, encrypted bool
 		}
 	}
 	return t
+}
+
+// roomRecord is one room of the soak's as the checks read it: the agent
+// it is with, the person's messages in it, and its events as the person's
+// device reads them.
+type roomRecord struct {
+	bot    string
+	msgs   []sent
+	events []json.RawMessage
+}
+
+// tallyRooms is tallyRoom of each room, each room's answers matched only
+// to its own messages (an answer in another room than its message's
+// answers nothing), added up; byRoom are the rooms' own tallies, in order.
+func tallyRooms(rooms []roomRecord, encrypted bool) (total serverTally, byRoom []serverTally) {
+	total.DuplicateOf = map[string][]string{}
+	for _, r := range rooms {
+		t := tallyRoom(r.events, r.bot, r.msgs, encrypted)
+		byRoom = append(byRoom, t)
+		total.add(t)
+	}
+	return total, byRoom
+}
+
+// add adds u's counts and lists to t's.
+func (t *serverTally) add(u serverTally) {
+	t.Originals += u.Originals
+	t.Missing = append(t.Missing, u.Missing...)
+	t.Lost = append(t.Lost, u.Lost...)
+	t.Duplicated += u.Duplicated
+	for src, answers := range u.DuplicateOf {
+		t.DuplicateOf[src] = append(t.DuplicateOf[src], answers...)
+	}
+	t.Stray = append(t.Stray, u.Stray...)
+	t.Unmarked = append(t.Unmarked, u.Unmarked...)
+	t.Misanswered = append(t.Misanswered, u.Misanswered...)
+	t.Misplaced = append(t.Misplaced, u.Misplaced...)
+	t.AgentEdits += u.AgentEdits
+	t.Undecrypted = append(t.Undecrypted, u.Undecrypted...)
+	t.Cleartext = append(t.Cleartext, u.Cleartext...)
+	t.KeyNotices = append(t.KeyNotices, u.KeyNotices...)
+	t.Answers = append(t.Answers, u.Answers...)
 }

@@ -4,16 +4,20 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/mindroomd/mindroomd/config"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
@@ -204,6 +208,212 @@ func TestTheRoomsRecordJoinsTheSyncAndTheWalkByEventID(t *testing.T) {
 	}
 }
 
+const testBot2 = "@soak2:localhost"
+
+// answeredBy is reply's answer sent by bot instead of the soak's one agent.
+func answeredBy(bot string, e mx.Ev) mx.Ev {
+	e["sender"] = bot
+	return e
+}
+
+func TestEachRoomsAnswersAnswerOnlyThatRoomsMessages(t *testing.T) {
+	rooms := []roomRecord{
+		{bot: testBot, msgs: []sent{{ID: "$m1", Body: "soak 1"}, {ID: "$m3", Body: "soak 3"}}, events: raws(
+			mx.Message("$m1", testPerson, 1000, "soak 1"),
+			mx.Message("$m3", testPerson, 1002, "soak 3"),
+			reply("$a3", "$m3", "", "echo: soak 3"),
+		)},
+		{bot: testBot2, msgs: []sent{{ID: "$m2", Body: "soak 2"}, {ID: "$m4", Body: "soak 4"}}, events: raws(
+			mx.Message("$m2", testPerson, 1001, "soak 2"),
+			mx.Message("$m4", testPerson, 1003, "soak 4"),
+			answeredBy(testBot2, reply("$a2", "$m2", "", "echo: soak 2")),
+			answeredBy(testBot2, reply("$a2b", "$m2", "", "echo: soak 2")),
+			answeredBy(testBot2, reply("$a4", "$m4", "", "echo: soak 4")),
+			// Room 1's message answered here, by this room's agent: an
+			// answer to nothing of this room's, and room 1's is lost.
+			answeredBy(testBot2, reply("$a1", "$m1", "", "echo: soak 1")),
+			// An answer from another room's agent answers nothing here.
+			reply("$x4", "$m4", "", "echo: soak 4"),
+		)},
+	}
+	total, byRoom := tallyRooms(rooms, false)
+	if len(byRoom) != 2 || byRoom[0].Originals != 2 || byRoom[1].Originals != 2 {
+		t.Fatalf("rooms tallied %+v", byRoom)
+	}
+	if total.Originals != 4 || len(total.Lost) != 1 || total.Lost[0].ID != "$m1" {
+		t.Fatalf("originals %d, lost %v; want 4 and only $m1", total.Originals, total.Lost)
+	}
+	if total.Duplicated != 1 || !slices.Equal(total.DuplicateOf["$m2"], []string{"$a2", "$a2b"}) {
+		t.Fatalf("duplicated %d %v, want 1 beyond $a2", total.Duplicated, total.DuplicateOf)
+	}
+	if !slices.Equal(total.Stray, []string{"$a1"}) || len(total.Answers) != 5 {
+		t.Fatalf("stray %v, %d answers; want [$a1] and 5", total.Stray, len(total.Answers))
+	}
+	one, _ := tallyRooms(rooms[:1], false)
+	if alone := tallyRoom(rooms[0].events, testBot, rooms[0].msgs, false); one.Originals != alone.Originals ||
+		len(one.Lost) != len(alone.Lost) || len(one.Answers) != len(alone.Answers) {
+		t.Fatalf("one room tallied as %+v, alone as %+v", one, alone)
+	}
+}
+
+func TestTheReplicasFlagNeedsPostgreSQLAndGivesEachReplicaTwoAgents(t *testing.T) {
+	for _, c := range []struct {
+		args   []string
+		agents int
+		fails  bool
+	}{
+		{nil, 1, false},
+		{[]string{"-pg"}, 1, false},
+		{[]string{"-replicas", "1"}, 1, false},
+		{[]string{"-pg", "-replicas", "3"}, 6, false},
+		{[]string{"-replicas", "3"}, 0, true},
+		{[]string{"-pg", "-replicas", "0"}, 0, true},
+	} {
+		o, err := parseFlags(c.args, io.Discard)
+		if (err != nil) != c.fails {
+			t.Errorf("%v: error %v, want failure %v", c.args, err, c.fails)
+			continue
+		}
+		if err == nil && o.agents() != c.agents {
+			t.Errorf("%v: %d agents, want %d", c.args, o.agents(), c.agents)
+		}
+	}
+	if got := agentNames(1); !slices.Equal(got, []string{agentName}) {
+		t.Fatalf("one agent named %v, want [%s]", got, agentName)
+	}
+	if got := agentNames(3); !slices.Equal(got, []string{"soak1", "soak2", "soak3"}) {
+		t.Fatalf("three agents named %v", got)
+	}
+}
+
+func TestTheKillsTakeEveryReplicaAndOneDaemonAlways(t *testing.T) {
+	if got := killTargets(rand.New(rand.NewPCG(7, 3)), 5, 1); !slices.Equal(got, make([]int, 5)) {
+		t.Fatalf("one daemon's kills took %v", got)
+	}
+	got := killTargets(rand.New(rand.NewPCG(7, 3)), 30, 3)
+	if again := killTargets(rand.New(rand.NewPCG(7, 3)), 30, 3); !slices.Equal(got, again) {
+		t.Fatalf("one seed drew %v, then %v", got, again)
+	}
+	taken := map[int]int{}
+	for _, r := range got {
+		if r < 0 || r >= 3 {
+			t.Fatalf("a kill took replica %d of 3", r)
+		}
+		taken[r]++
+	}
+	if len(taken) != 3 {
+		t.Fatalf("30 kills took only the replicas %v", taken)
+	}
+}
+
+func TestAKillsAgentsAnswerAgainAtTheirFirstAnswerAfterIt(t *testing.T) {
+	answers := map[string][]answer{
+		"soak1": {{ID: "$a", TS: 9_000}, {ID: "$b", TS: 12_500}, {ID: "$c", TS: 11_000}},
+		"soak2": {{ID: "$d", TS: 10_400}, {ID: "$e", TS: 30_000}},
+	}
+	kills := []kill{
+		{UnixMS: 10_000, Agents: []string{"soak1", "soak2"}},
+		{UnixMS: 20_000, Agents: []string{"soak1", "soak2"}},
+		{UnixMS: 20_000, Agents: []string{"soak1"}},
+		{UnixMS: 25_000},
+	}
+	answeredAgain(kills, answers)
+	for i, want := range []struct {
+		again    time.Duration
+		measured bool
+	}{{time.Second, true}, {10 * time.Second, true}, {0, false}, {0, false}} {
+		if kills[i].Again != want.again || kills[i].Measured != want.measured {
+			t.Errorf("kill %d: again %s, measured %v; want %s, %v", i+1, kills[i].Again, kills[i].Measured, want.again, want.measured)
+		}
+	}
+	kills = append(kills, kill{Measured: true, Again: 3 * time.Second})
+	if p50, most, n := takeoverSummary(kills); p50 != 3*time.Second || most != 10*time.Second || n != 3 {
+		t.Fatalf("p50 %s, max %s over %d; want 3s, 10s over 3", p50, most, n)
+	}
+	if _, _, n := takeoverSummary(kills[2:4]); n != 0 {
+		t.Fatalf("%d kills measured of none", n)
+	}
+}
+
+func TestEachAgentsDevicesAreCheckedAgainstItsOwnFirst(t *testing.T) {
+	dir := t.TempDir()
+	r1, r2 := filepath.Join(dir, "mindroomd-r1.log"), filepath.Join(dir, "mindroomd-r2.log")
+	write := func(path, log string) {
+		if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(r1, `{"level":"info","agent":"soak1","device_id":"ONE","message":"End-to-end encryption ready"}
+{"level":"info","agent":"soak2","device_id":"TWO","message":"End-to-end encryption ready"}
+`)
+	write(r2, `{"level":"info","agent":"soak2","device_id":"TWO","message":"End-to-end encryption ready"}
+{"level":"info","agent":"soak1","device_id":"ONE","message":"End-to-end encryption ready"}
+`)
+	devices, off, err := daemonDevices(r1, r2)
+	if err != nil || !slices.Equal(devices, []string{"ONE", "TWO"}) || off != 0 {
+		t.Fatalf("devices %v, %d off, error %v; want [ONE TWO], 0, none", devices, off, err)
+	}
+	write(r2, `{"level":"info","agent":"soak1","device_id":"TWO","message":"End-to-end encryption ready"}
+`)
+	if _, off, err := daemonDevices(r1, r2); err != nil || off != 1 {
+		t.Fatalf("%d off, error %v; want the agent on another agent's device off", off, err)
+	}
+}
+
+func TestEachReplicaHasItsOwnStorageAndNameAndTheOneKey(t *testing.T) {
+	dir := t.TempDir()
+	urlFile := filepath.Join(dir, "postgres.url")
+	if err := os.WriteFile(urlFile, []byte("postgres://soak@127.0.0.1:5432/soak\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseFlags([]string{"-pg", "-replicas", "3", "-agent", "echo"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := agentNames(o.agents())
+	bots := make([]dendrite.Account, len(names))
+	for i, name := range names {
+		bots[i] = dendrite.Account{UserID: "@" + name + ":localhost", Password: "secret-" + name}
+	}
+	paths, err := writeConfig(dir, "http://127.0.0.1:8008", bots, names, o, "", urlFile)
+	if err != nil || len(paths) != 3 {
+		t.Fatalf("%d configurations, error %v; want 3", len(paths), err)
+	}
+	storages := map[string]bool{}
+	for i, path := range paths {
+		cfg, err := config.Load(path, func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Replicas != config.ReplicasAuto || cfg.ReplicaID != replicaName(i) || cfg.ReplicaTakeover != replicaTakeover ||
+			cfg.PickleKeyFile != filepath.Join(dir, pickleKeyFile) || len(cfg.Agents) != 6 {
+			t.Fatalf("replica %d: replicas %q, id %q, takeover %s, pickle key %s, %d agents", i+1,
+				cfg.Replicas, cfg.ReplicaID, cfg.ReplicaTakeover, cfg.PickleKeyFile, len(cfg.Agents))
+		}
+		if _, _, log := replicaFiles(dir, o, i); storages[cfg.Storage] || filepath.Base(log) != "mindroomd-"+replicaName(i)+".log" {
+			t.Fatalf("replica %d: storage %s shared, or log %s", i+1, cfg.Storage, log)
+		}
+		storages[cfg.Storage] = true
+	}
+
+	one := t.TempDir()
+	o, err = parseFlags([]string{"-agent", "echo"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths, err = writeConfig(one, "http://127.0.0.1:8008", bots[:1], agentNames(1), o, "", "")
+	if err != nil || len(paths) != 1 || paths[0] != filepath.Join(one, "mindroom.yaml") {
+		t.Fatalf("one daemon's configurations %v, error %v", paths, err)
+	}
+	cfg, err := config.Load(paths[0], func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Replicas != "" || cfg.Storage != filepath.Join(one, "storage") || len(cfg.Agents) != 1 || cfg.Agents[0].Name != agentName {
+		t.Fatalf("one daemon: replicas %q, storage %s, agents %+v", cfg.Replicas, cfg.Storage, cfg.Agents)
+	}
+}
+
 // copyRow, moveCopy and insertCopied copy one event's journal row under a
 // new seq, as an admission that failed to recognise the event would have.
 // PostgreSQL's journal forbids a second row of an event outright, so its
@@ -348,7 +558,7 @@ func testJournalTally(t *testing.T, jc journalCase) {
 	}
 	msgs := []sent{{ID: "$m1"}, {ID: "$n1"}, {ID: "$m2"}}
 
-	got, err := readJournal(ctx, jc.at, agentName, msgs, []string{"$e1", "$e2"}, nil)
+	got, err := readJournal(ctx, jc.at, []agentShare{{agent: agentName, msgs: msgs, others: []string{"$e1", "$e2"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +586,7 @@ func testJournalTally(t *testing.T, jc journalCase) {
 			t.Fatalf("%s: %v", q.sql, err)
 		}
 	}
-	if got, err = readJournal(ctx, jc.at, agentName, msgs, nil, nil); err != nil {
+	if got, err = readJournal(ctx, jc.at, []agentShare{{agent: agentName, msgs: msgs}}); err != nil {
 		t.Fatal(err)
 	}
 	if got.DuplicateIDs != 1 || got.DuplicateRows != 1 || got.Pending != 2 {

@@ -38,10 +38,12 @@ type daemon struct {
 
 // process is one run of the daemon.
 type process struct {
-	cmd  *exec.Cmd
-	n    int
-	done chan struct{}
-	err  error // Wait's error, once done is closed
+	cmd *exec.Cmd
+	n   int
+	// started is when the soak started it.
+	started time.Time
+	done    chan struct{}
+	err     error // Wait's error, once done is closed
 	// ended says the soak killed or stopped this process, so its exit is
 	// no crash.
 	ended bool
@@ -56,7 +58,8 @@ func (d *daemon) start() error {
 	// The process holds its own copy of the file.
 	defer log.Close()
 	d.starts++
-	fmt.Fprintf(log, "=== soak: start %d at %s\n", d.starts, time.Now().Format(time.RFC3339Nano))
+	now := time.Now()
+	fmt.Fprintf(log, "=== soak: start %d at %s\n", d.starts, now.Format(time.RFC3339Nano))
 	cmd := exec.Command(d.bin, "run", "-config", d.cfg)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Its own process group: an interrupt typed at the soak reaches the
@@ -65,7 +68,7 @@ func (d *daemon) start() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", d.bin, err)
 	}
-	p := &process{cmd: cmd, n: d.starts, done: make(chan struct{})}
+	p := &process{cmd: cmd, n: d.starts, started: now, done: make(chan struct{})}
 	d.cur = p
 	go d.wait(p)
 	return nil
@@ -180,6 +183,17 @@ func (d *daemon) Abort() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
+}
+
+// Started is when the running process was started, zero before the
+// first.
+func (d *daemon) Started() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cur == nil {
+		return time.Time{}
+	}
+	return d.cur.started
 }
 
 // Counts reports how many processes started, how many the soak killed, and

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"path/filepath"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -49,6 +51,16 @@ const (
 		JOIN principals p ON p.id = j.principal WHERE p.agent = $1`
 	selectReplyDeliveryPG = `SELECT o.event_id FROM delivery_outbox o
 		JOIN principals p ON p.id = o.principal WHERE p.agent = $1 AND o.delivery_id = $2 AND o.stage = $3 AND o.state = 2`
+	// selectHeldByPG are the agents whose principal's row names the
+	// replica the lease holder, and whose lease it took since a moment
+	// (PostgreSQL's journal only). A replica clears the name when it hands
+	// a lease back, but one that died leaves it until another takes the
+	// lease: the moment, its running process's start, leaves out the
+	// leases a killed process of the same name held.
+	selectHeldByPG = `SELECT DISTINCT agent FROM principals WHERE lease_holder = $1 AND lease_since_ms >= $2 ORDER BY agent`
+	// selectReplicaPG counts the replica's rows among those that beat:
+	// one once it has joined.
+	selectReplicaPG = `SELECT count(*) FROM replicas WHERE id = $1`
 )
 
 // journalAt is where the daemon keeps its journal: the SQLite file under
@@ -119,12 +131,21 @@ type journalTally struct {
 	OutboxMismatch []string
 }
 
+// agentShare is one agent's part of the soak, for the journal's checks:
+// the person's messages in its room, the room's other message events it
+// should hold, and its answers.
+type agentShare struct {
+	agent   string
+	msgs    []sent
+	others  []string
+	answers []answer
+}
+
 // readJournal opens the journal at read-only (no lock, no migration) and
-// tallies it: the whole file for duplicates and
-// what is still owed; the agent's principal for each of the person's
-// messages (msgs), the other room events it should hold (others) and the
-// answers.
-func readJournal(ctx context.Context, at journalAt, agent string, msgs []sent, others []string, answers []answer) (journalTally, error) {
+// tallies it: the whole database for duplicates and what is still owed;
+// each agent's principal for each of the person's messages in its room,
+// the other room events it should hold and its answers.
+func readJournal(ctx context.Context, at journalAt, shares []agentShare) (journalTally, error) {
 	var t journalTally
 	db, err := at.open()
 	if err != nil {
@@ -146,12 +167,22 @@ func readJournal(ctx context.Context, at journalAt, agent string, msgs []sent, o
 			return t, fmt.Errorf("count what is owed: %w", err)
 		}
 	}
-	class, err := agentEvents(ctx, db, agent)
+	for _, sh := range shares {
+		if err := tallyAgent(ctx, db, sh, &t); err != nil {
+			return t, err
+		}
+	}
+	return t, nil
+}
+
+// tallyAgent adds to t what the agent's principal lacks of sh.
+func tallyAgent(ctx context.Context, db *journalDB, sh agentShare, t *journalTally) error {
+	class, err := agentEvents(ctx, db, sh.agent)
 	if err != nil {
-		return t, err
+		return err
 	}
 	isMsg := map[string]bool{}
-	for _, m := range msgs {
+	for _, m := range sh.msgs {
 		isMsg[m.ID] = true
 		switch c, ok := class[m.ID]; {
 		case !ok:
@@ -160,26 +191,26 @@ func readJournal(ctx context.Context, at journalAt, agent string, msgs []sent, o
 			t.NotWork = append(t.NotWork, m.ID)
 		}
 	}
-	for _, id := range others {
+	for _, id := range sh.others {
 		if _, ok := class[id]; !ok && !isMsg[id] {
 			t.NotJournaled = append(t.NotJournaled, id)
 		}
 	}
-	for _, a := range answers {
+	for _, a := range sh.answers {
 		var acked string
 		query := selectReplyDelivery
 		if db.postgres {
 			query = selectReplyDeliveryPG
 		}
-		err := db.QueryRowContext(ctx, query, agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
+		err := db.QueryRowContext(ctx, query, sh.agent, journal.ReplyDeliveryID(a.Source), int64(journal.StageFinal)).Scan(&acked)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return t, fmt.Errorf("read the delivery of %s: %w", a.ID, err)
+			return fmt.Errorf("read the delivery of %s: %w", a.ID, err)
 		}
 		if acked != a.ID {
 			t.OutboxMismatch = append(t.OutboxMismatch, a.ID)
 		}
 	}
-	return t, nil
+	return nil
 }
 
 // openSQLite opens the SQLite journal under storage for reading only:
@@ -198,15 +229,51 @@ func openSQLite(storage string) (*sql.DB, error) {
 	return db, nil
 }
 
-// readAgentEvents is agentEvents of the journal at, read beside a running
-// daemon.
-func readAgentEvents(ctx context.Context, at journalAt, agent string) (map[string]int64, error) {
+// readAgentEvents is agentEvents of each of the agents, together, in the
+// journal at, read beside the running daemons.
+func readAgentEvents(ctx context.Context, at journalAt, agents []string) (map[string]int64, error) {
 	db, err := at.open()
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	return agentEvents(ctx, db, agent)
+	all := map[string]int64{}
+	for _, agent := range agents {
+		class, err := agentEvents(ctx, db, agent)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(all, class)
+	}
+	return all, nil
+}
+
+// heldBy are the agents whose leases the replica named replica has taken
+// since since, its running process's start, and holds, as the PostgreSQL
+// journal at records them, read beside the running replicas.
+func heldBy(ctx context.Context, at journalAt, replica string, since time.Time) ([]string, error) {
+	db, err := at.open()
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, selectHeldByPG, replica, since.UnixMilli())
+	if err != nil {
+		return nil, fmt.Errorf("read the leases of replica %s: %w", replica, err)
+	}
+	defer rows.Close()
+	var agents []string
+	for rows.Next() {
+		var agent string
+		if err := rows.Scan(&agent); err != nil {
+			return nil, fmt.Errorf("read the leases of replica %s: %w", replica, err)
+		}
+		agents = append(agents, agent)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the leases of replica %s: %w", replica, err)
+	}
+	return agents, nil
 }
 
 // agentEvents is the class of each event the agent's principals hold.
@@ -233,4 +300,21 @@ func agentEvents(ctx context.Context, db *journalDB, agent string) (map[string]i
 		return nil, fmt.Errorf("read the agent's events: %w", err)
 	}
 	return class, nil
+}
+
+// beats reports whether the replica named replica has beaten in the
+// PostgreSQL journal at: it has opened the journal, migrated it to its
+// schema, and joined the replicas. A journal not migrated yet has no
+// replicas table, and that is an error.
+func beats(ctx context.Context, at journalAt, replica string) (bool, error) {
+	db, err := at.open()
+	if err != nil {
+		return false, err
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRowContext(ctx, selectReplicaPG, replica).Scan(&n); err != nil {
+		return false, fmt.Errorf("read the replicas: %w", err)
+	}
+	return n > 0, nil
 }

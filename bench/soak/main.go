@@ -31,6 +31,18 @@
 // directory must be under the system's temporary directory or open to that
 // user), or a new schema on the server MINDROOM_TEST_PG_URL names.
 //
+// With -replicas N above 1 (only with -pg) the soak runs N daemons with
+// replicas: auto on the one PostgreSQL journal, each with a storage
+// directory of its own (replica_id r1 to rN, one pickle key file shared,
+// replica_takeover 4s). So that every replica has work there are 2N
+// agents, each with an account and a room of its own with the person, who
+// writes to the rooms in turn. Each kill SIGKILLs one replica, drawn at
+// random, and restarts it at once, as the single daemon is: the others run
+// on, take the killed one's agents over, and give some back as it rejoins.
+// The checks are the same, room by room: every message has exactly one
+// answer from its room's agent. The report names the replica each kill
+// took and how long after it the agents that replica held answered again.
+//
 // It prints a table (K, M, lost, duplicated, the time to drain after the
 // last kill, the wall time) and the checks behind it, and exits 1 if any
 // check failed, 2 if the soak could not run. The working directory (the
@@ -76,6 +88,7 @@ type options struct {
 	keep         bool
 	pg           bool
 	encrypted    bool
+	replicas     int
 	retention    bool
 	seed         uint64
 	bin          string
@@ -134,6 +147,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory when the soak passes")
 	fs.BoolVar(&o.pg, "pg", false, "keep the journal in PostgreSQL: a durable cluster (fsync on) launched in the working directory, "+
 		"or a new schema on the server "+pg.EnvURL+" names")
+	fs.IntVar(&o.replicas, "replicas", 1, "daemons sharing the PostgreSQL journal under replicas: auto (above 1 needs -pg); "+
+		"above 1 there are two agents per replica, each in a room of its own, and each kill takes one replica")
 	fs.BoolVar(&o.encrypted, "encrypted", false, "play the soak in an end-to-end encrypted room, the person writing from a device of her own")
 	fs.BoolVar(&o.retention, "retention", false, "run the daemon under retention at its tiniest: bodies, payloads, turns and "+
 		"rejected records pruned a second after they settle, identities after the least window (24h), a pass every second")
@@ -151,6 +166,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-k must be at least 1")
 	case o.m < 0:
 		return o, errors.New("-m must not be negative")
+	case o.replicas < 1:
+		return o, errors.New("-replicas must be at least 1")
+	case o.replicas > 1 && !o.pg:
+		// Replicas share their journal, and only PostgreSQL is shared.
+		return o, fmt.Errorf("-replicas %d needs -pg: replicas share one journal, which only PostgreSQL can be", o.replicas)
 	case o.rate <= 0:
 		return o, errors.New("-rate must be positive")
 	case o.agent != "exec" && o.agent != "echo":
@@ -182,6 +202,16 @@ func (o options) killWindow() time.Duration {
 	return p + max(p/4, 2*time.Second)
 }
 
+// agents is how many agents the soak runs: one for one daemon, as the soak
+// always had; two per replica for several, so that each replica serves
+// some after every rebalance.
+func (o options) agents() int {
+	if o.replicas > 1 {
+		return 2 * o.replicas
+	}
+	return 1
+}
+
 // killMoments draws m kill moments over the kill window, in order.
 func killMoments(rng *rand.Rand, m int, window time.Duration) []time.Duration {
 	out := make([]time.Duration, m)
@@ -189,5 +219,21 @@ func killMoments(rng *rand.Rand, m int, window time.Duration) []time.Duration {
 		out[i] = time.Duration(rng.Int64N(int64(window)))
 	}
 	slices.Sort(out)
+	return out
+}
+
+// killTargets draws which replica, 0 to replicas-1, each of m kills takes:
+// any of them, at random, so a replica may be killed again soon after it
+// rejoined. A kill restarts its replica before the next kill comes, so at
+// most one is down at a time and the others always run. With one replica
+// every kill takes it, and nothing is drawn.
+func killTargets(rng *rand.Rand, m, replicas int) []int {
+	out := make([]int, m)
+	if replicas <= 1 {
+		return out
+	}
+	for i := range out {
+		out[i] = rng.IntN(replicas)
+	}
 	return out
 }

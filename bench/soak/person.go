@@ -43,11 +43,20 @@ const (
 	decryptedKey = "io.mindroomd.soak.decrypted"
 )
 
-// person is the soak's human, writing and reading through its own client.
+// person is the soak's human in one of her rooms, with one agent, writing
+// and reading through her own client. With several agents she has a room
+// with each, and one person value per room, sharing the client and the
+// device.
 type person struct {
 	cli  *mautrix.Client
 	room id.RoomID
-	txns int
+	// agent is the user ID of the agent the room is with.
+	agent string
+	// txnTag tells the transaction IDs of the person's sends into this
+	// room from those into her other rooms: the homeserver keeps one set
+	// of transaction IDs for the client's device, whatever the room.
+	txnTag string
+	txns   int
 	// device, in an encrypted room, is the person's own device, with its
 	// own keys: it encrypts what the person writes and decrypts what the
 	// room holds. cli, the registration's keyless device, still reads
@@ -131,7 +140,7 @@ func (p *person) readAll(ctx context.Context, events []json.RawMessage) []json.R
 // send sends one event, retried under one transaction ID.
 func (p *person) send(ctx context.Context, evType event.Type, content any) (string, error) {
 	p.txns++
-	txn := "soak-" + strconv.Itoa(p.txns)
+	txn := "soak-" + p.txnTag + strconv.Itoa(p.txns)
 	var err error
 	for attempt := 1; attempt <= sendAttempts; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -201,6 +210,8 @@ type sent struct {
 	Body  string
 	// Root is the thread the message was written in, "" for the room.
 	Root string
+	// Room is the room it was written in.
+	Room id.RoomID
 }
 
 // postResult is what the person wrote.
@@ -211,15 +222,19 @@ type postResult struct {
 	Took     time.Duration
 }
 
-// post writes k messages at rate, the i-th at i/rate after the first. A
-// share of them go into the thread of a recent top-level message, and after
-// a share of them an edit of a recent message follows. A send that falls
-// behind the schedule goes at once.
-func post(ctx context.Context, p *person, o options, rng *rand.Rand, onSent func(sent)) (postResult, error) {
+// post writes k messages at rate, the i-th at i/rate after the first,
+// into the rooms in turn. A share of them go into the thread of a recent
+// top-level message of their room, and after a share of them an edit of a
+// recent message of their room follows. A send that falls behind the
+// schedule goes at once.
+func post(ctx context.Context, rooms []*person, o options, rng *rand.Rand, onSent func(sent)) (postResult, error) {
 	var res postResult
 	interval := time.Duration(float64(time.Second) / o.rate)
 	began := time.Now()
-	var roots []int // indexes of top-level messages
+	// Each room's messages, and the indexes among them of its top-level
+	// ones.
+	msgs := make([][]sent, len(rooms))
+	roots := make([][]int, len(rooms))
 	for i := range o.k {
 		if wait := time.Until(began.Add(time.Duration(i) * interval)); wait > 0 {
 			select {
@@ -228,10 +243,12 @@ func post(ctx context.Context, p *person, o options, rng *rand.Rand, onSent func
 			case <-time.After(wait):
 			}
 		}
-		m := sent{Index: i, Body: fmt.Sprintf("soak %d", i)}
+		r := i % len(rooms)
+		p := rooms[r]
+		m := sent{Index: i, Body: fmt.Sprintf("soak %d", i), Room: p.room}
 		content := map[string]any{"msgtype": "m.text", "body": m.Body}
-		if len(roots) > 0 && rng.Float64() < o.threadShare {
-			root := res.Messages[roots[max(0, len(roots)-recentWindow)+rng.IntN(min(len(roots), recentWindow))]]
+		if n := len(roots[r]); n > 0 && rng.Float64() < o.threadShare {
+			root := msgs[r][roots[r][max(0, n-recentWindow)+rng.IntN(min(n, recentWindow))]]
 			m.Root = root.ID
 			m.Body = fmt.Sprintf("soak %d, in the thread of %d", i, root.Index)
 			content = map[string]any{"msgtype": "m.text", "body": m.Body,
@@ -243,14 +260,15 @@ func post(ctx context.Context, p *person, o options, rng *rand.Rand, onSent func
 			return res, err
 		}
 		if m.Root == "" {
-			roots = append(roots, i)
+			roots[r] = append(roots[r], len(msgs[r]))
 		} else {
 			res.Threaded++
 		}
+		msgs[r] = append(msgs[r], m)
 		res.Messages = append(res.Messages, m)
 		onSent(m)
 		if rng.Float64() < o.editShare {
-			if err := editRecent(ctx, p, rng, res.Messages); err != nil {
+			if err := editRecent(ctx, p, rng, msgs[r]); err != nil {
 				return res, err
 			}
 			res.Edits++
@@ -274,22 +292,25 @@ func editRecent(ctx context.Context, p *person, rng *rand.Rand, msgs []sent) err
 	return err
 }
 
-// observer follows the room through the person's own sync and notes when
-// each message's first answer from the agent appears, so the soak knows
-// when the daemon has drained without reading the journal. In an
+// observer follows the person's rooms through her own sync and notes when
+// each message's first answer from its room's agent appears, so the soak
+// knows when the daemon has drained without reading the journal. In an
 // encrypted room it notes each event once the person's device has read
 // it: an answer counts once it has decrypted.
 type observer struct {
-	p   *person
-	bot string
+	// cli and device are the person's, which every room shares: one sync
+	// follows them all.
+	cli    *mautrix.Client
+	device *e2eeperson.Client
+	rooms  map[id.RoomID]*person
 
 	mu   sync.Mutex
 	seen map[string]bool
-	// events are the room's events in the order the person read them.
-	events []json.RawMessage
+	// events are each room's events in the order the person read them.
+	events map[id.RoomID][]json.RawMessage
 	// sealed are the events seen that the person's device could not
 	// decrypt yet, by ID, as they came; reopen tries them again.
-	sealed  map[string]json.RawMessage
+	sealed  map[string]sealedEvent
 	answers map[string]time.Time
 	gaps    int
 	// deviceErr is why the person's device stopped syncing: no key comes
@@ -297,8 +318,20 @@ type observer struct {
 	deviceErr error
 }
 
-func newObserver(p *person, bot string) *observer {
-	return &observer{p: p, bot: bot, seen: map[string]bool{}, sealed: map[string]json.RawMessage{}, answers: map[string]time.Time{}}
+// sealedEvent is an event the person's device could not decrypt yet, and
+// the room it came in: a synced event does not name its room.
+type sealedEvent struct {
+	p   *person
+	raw json.RawMessage
+}
+
+func newObserver(rooms []*person) *observer {
+	o := &observer{cli: rooms[0].cli, device: rooms[0].device, rooms: map[id.RoomID]*person{}, seen: map[string]bool{},
+		events: map[id.RoomID][]json.RawMessage{}, sealed: map[string]sealedEvent{}, answers: map[string]time.Time{}}
+	for _, p := range rooms {
+		o.rooms[p.room] = p
+	}
+	return o
 }
 
 // reopen tries the sealed events again after each sync of the person's
@@ -306,13 +339,13 @@ func newObserver(p *person, bot string) *observer {
 // stops syncing. An event that decrypts is noted as read then.
 func (o *observer) reopen(ctx context.Context) {
 	for {
-		next, err := o.p.device.Synced()
+		next, err := o.device.Synced()
 		o.mu.Lock()
 		o.deviceErr = err
-		for id, raw := range o.sealed {
-			if plain, ok := o.p.read(ctx, raw); ok {
+		for id, s := range o.sealed {
+			if plain, ok := s.p.read(ctx, s.raw); ok {
 				delete(o.sealed, id)
-				o.note(plain, time.Now())
+				o.note(s.p, plain, time.Now())
 			}
 		}
 		o.mu.Unlock()
@@ -340,13 +373,16 @@ func (o *observer) deviceFailure() error {
 func (o *observer) run(ctx context.Context, since string) {
 	for ctx.Err() == nil {
 		limited, next, err := o.syncOnce(ctx, since)
-		if err == nil && limited {
+		for _, p := range limited {
+			if err != nil {
+				break
+			}
 			o.mu.Lock()
 			o.gaps++
 			o.mu.Unlock()
 			var all []json.RawMessage
-			if all, err = o.p.history(ctx); err == nil {
-				o.take(ctx, all, time.Now())
+			if all, err = p.history(ctx); err == nil {
+				o.take(ctx, p, all, time.Now())
 			}
 		}
 		if err != nil {
@@ -360,7 +396,9 @@ func (o *observer) run(ctx context.Context, since string) {
 	}
 }
 
-func (o *observer) syncOnce(ctx context.Context, since string) (limited bool, next string, err error) {
+// syncOnce syncs once from since, notes what the person's rooms show, and
+// returns the rooms whose timeline was limited.
+func (o *observer) syncOnce(ctx context.Context, since string) (limited []*person, next string, err error) {
 	query := map[string]string{"filter": syncFilter, "timeout": strconv.Itoa(int(syncPoll.Milliseconds()))}
 	if since != "" {
 		query["since"] = since
@@ -378,22 +416,28 @@ func (o *observer) syncOnce(ctx context.Context, since string) (limited bool, ne
 	}
 	rctx, cancel := context.WithTimeout(ctx, syncPoll+requestTimeout)
 	defer cancel()
-	u := o.p.cli.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "sync"}, query)
-	if _, err := o.p.cli.MakeRequest(rctx, http.MethodGet, u, nil, &resp); err != nil {
-		return false, "", err
+	u := o.cli.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "sync"}, query)
+	if _, err := o.cli.MakeRequest(rctx, http.MethodGet, u, nil, &resp); err != nil {
+		return nil, "", err
 	}
-	joined, ok := resp.Rooms.Join[o.p.room.String()]
-	if ok {
-		o.take(ctx, joined.Timeline.Events, time.Now())
+	for room, joined := range resp.Rooms.Join {
+		p, ok := o.rooms[id.RoomID(room)]
+		if !ok {
+			continue
+		}
+		o.take(ctx, p, joined.Timeline.Events, time.Now())
+		// The first sync's timeline is the newest events only: the
+		// earlier ones are the room's creation, before any message.
+		if joined.Timeline.Limited && since != "" {
+			limited = append(limited, p)
+		}
 	}
-	// The first sync's timeline is the newest events only: the earlier
-	// ones are the room's creation, before any message.
-	return ok && joined.Timeline.Limited && since != "", resp.NextBatch, nil
+	return limited, resp.NextBatch, nil
 }
 
-// take notes the events, seen at at, each as the person's device reads
-// it; one it cannot decrypt yet waits in sealed.
-func (o *observer) take(ctx context.Context, events []json.RawMessage, at time.Time) {
+// take notes p's room's events, seen at at, each as the person's device
+// reads it; one it cannot decrypt yet waits in sealed.
+func (o *observer) take(ctx context.Context, p *person, events []json.RawMessage, at time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, raw := range events {
@@ -402,36 +446,39 @@ func (o *observer) take(ctx context.Context, events []json.RawMessage, at time.T
 			continue
 		}
 		o.seen[ev.ID] = true
-		if plain, ok := o.p.read(ctx, raw); ok {
-			o.note(plain, at)
+		if plain, ok := p.read(ctx, raw); ok {
+			o.note(p, plain, at)
 		} else {
-			o.sealed[ev.ID] = raw
+			o.sealed[ev.ID] = sealedEvent{p: p, raw: raw}
 		}
 	}
 }
 
-// note records an event as read at at; o.mu must be held.
-func (o *observer) note(raw json.RawMessage, at time.Time) {
-	o.events = append(o.events, raw)
+// note records an event of p's room as read at at; o.mu must be held.
+func (o *observer) note(p *person, raw json.RawMessage, at time.Time) {
+	o.events[p.room] = append(o.events[p.room], raw)
 	ev, err := parseEvent(raw)
 	if err != nil {
 		return
 	}
-	if r, ok := ev.answer(o.bot); ok && r.Source != "" {
+	if r, ok := ev.answer(p.agent); ok && r.Source != "" {
 		if _, done := o.answers[r.Source]; !done {
 			o.answers[r.Source] = at
 		}
 	}
 }
 
-// record is every event of the room the person has seen: those read, then
-// those still sealed, as they came.
-func (o *observer) record() []json.RawMessage {
+// record is, by room, every event of it the person has seen: those read,
+// then those still sealed, as they came.
+func (o *observer) record() map[id.RoomID][]json.RawMessage {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	out := slices.Clone(o.events)
-	for _, raw := range o.sealed {
-		out = append(out, raw)
+	out := map[id.RoomID][]json.RawMessage{}
+	for room, events := range o.events {
+		out[room] = slices.Clone(events)
+	}
+	for _, s := range o.sealed {
+		out[s.p.room] = append(out[s.p.room], s.raw)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,7 +24,12 @@ func printResult(out io.Writer, o options, r result) {
 	if o.encrypted {
 		room = "end-to-end encrypted (m.megolm.v1.aes-sha2), the person on a device of her own"
 	}
-	fmt.Fprintf(out, "kill-9 soak: %g messages/s, agent %s, seed %d\njournal: %s\nroom: %s\n\n", o.rate, agent, r.Seed, r.JournalOn, room)
+	fmt.Fprintf(out, "kill-9 soak: %g messages/s, agent %s, seed %d\njournal: %s\nroom: %s\n", o.rate, agent, r.Seed, r.JournalOn, room)
+	if r.Replicas > 1 {
+		fmt.Fprintf(out, "replicas: %d daemons on the one journal (replicas: auto, replica_takeover %s), "+
+			"%d agents, each in a room of its own with the person; each kill takes one replica\n", r.Replicas, replicaTakeover, r.Agents)
+	}
+	fmt.Fprintln(out)
 	drain := "not drained"
 	if r.Drained {
 		drain = r.Drain.Round(10 * time.Millisecond).String()
@@ -105,10 +111,58 @@ func printResult(out io.Writer, o options, r result) {
 		"%d gaps in the person's sync filled from /messages; %d events the final /messages walk skipped and the sync showed\n",
 		r.Starts, r.Kills, r.LastKill.Round(time.Millisecond), r.CutSends, strings.Join(r.Devices, ", "), len(s.Answers),
 		r.Posted.Took.Round(time.Millisecond), r.Gaps, r.WalkSkipped)
+	if r.Replicas > 1 {
+		printKills(out, r)
+	}
 	fmt.Fprintf(out, "\nmindroomd status after the stop:\n%s", indent(r.Status, "  "))
 	if r.passed() {
 		fmt.Fprintln(out, "\nPASS")
 	} else {
 		fmt.Fprintf(out, "\nFAIL: logs and journal kept in %s\n", r.Dir)
 	}
+}
+
+// printKills lists which replica each kill took, the agents it served and
+// how long until they answered again, then sums the takeovers up.
+func printKills(out io.Writer, r result) {
+	if len(r.Killed) == 0 {
+		fmt.Fprintf(out, "\nno replica was killed\n")
+		return
+	}
+	fmt.Fprintln(out)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "KILL\tAT\tREPLICA\tSERVING\tANSWERED AGAIN AFTER")
+	for i, k := range r.Killed {
+		again := "-"
+		if k.Measured {
+			again = k.Again.Round(10 * time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", i+1, k.At.Round(10*time.Millisecond), replicaName(k.Replica), agentList(k.Agents), again)
+	}
+	_ = w.Flush()
+	p50, most, n := takeoverSummary(r.Killed)
+	if n == 0 {
+		fmt.Fprintf(out, "\nno kill's agents had anything left to answer after it\n")
+		return
+	}
+	fmt.Fprintf(out, "\nthe killed replica's agents answered again after p50 %s, max %s (%d of %d kills; "+
+		"the others took a replica serving no agent, or whose agents had nothing left to answer)\n",
+		p50.Round(10*time.Millisecond), most.Round(10*time.Millisecond), n, len(r.Killed))
+}
+
+// takeoverSummary is the median and the longest of the measured kills'
+// times until their agents answered again, and how many were measured.
+func takeoverSummary(kills []kill) (p50, most time.Duration, n int) {
+	var again []time.Duration
+	for _, k := range kills {
+		if k.Measured {
+			again = append(again, k.Again)
+		}
+	}
+	if len(again) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(again)
+	// The nearest rank: the middle one, the lower of the middle two.
+	return again[(len(again)-1)/2], again[len(again)-1], len(again)
 }

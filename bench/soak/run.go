@@ -22,14 +22,24 @@ import (
 	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
 
+	"github.com/mindroomd/mindroomd/config"
+	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
 const (
-	// agentName is the daemon's one agent, and its account's localpart.
+	// agentName is the daemon's one agent, and its account's localpart;
+	// several agents are named after it, agentName1 on.
 	agentName = "soak"
+	// replicaTakeover is the replicas' replica_takeover: short, so a
+	// killed replica's agents are taken over within seconds, and above the
+	// least the daemon allows (2s).
+	replicaTakeover = 4 * time.Second
+	// pickleKeyFile is the pickle key the replicas share, in the working
+	// directory.
+	pickleKeyFile = "pickle.key"
 	// execTimeout bounds one turn of the exec agent.
 	execTimeout = 30 * time.Second
 	// joinTimeout bounds the agent's join of the room after the first
@@ -52,11 +62,16 @@ const (
 
 // result is one soak's outcome.
 type result struct {
-	Dir    string
-	Seed   uint64
-	Posted postResult
-	Starts int
-	Kills  int
+	Dir  string
+	Seed uint64
+	// Replicas is how many daemons shared the journal; Agents how many
+	// agents answered, each in a room of its own with the person.
+	Replicas, Agents int
+	Posted           postResult
+	Starts           int
+	Kills            int
+	// Killed is each kill, in order.
+	Killed []kill
 	// Crashes are daemon exits the soak did not cause.
 	Crashes []string
 	// Drained says every message was answered before the drain deadline;
@@ -80,7 +95,8 @@ type result struct {
 	CutSends int
 	// Devices are the devices the daemon's starts logged, the first
 	// start's first; OffDevice counts the starts on another one than the
-	// first's, which would hold none of its keys.
+	// first's (of the same agent, with several), which would hold none of
+	// its keys.
 	Devices   []string
 	OffDevice int
 	// Undecrypted says, of each event the person's device could not
@@ -112,7 +128,7 @@ func (r result) passed() bool {
 // means the soak could not be played; a failed check is in the result.
 func run(ctx context.Context, o options, out io.Writer) (res result, err error) {
 	began := time.Now()
-	res.Seed = o.seed
+	res.Seed, res.Replicas, res.Agents = o.seed, o.replicas, o.agents()
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(out, "[%6.1fs] %s\n", time.Since(began).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -124,7 +140,8 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 		return res, err
 	}
 	logf("working directory %s, seed %d", res.Dir, o.seed)
-	at := journalAt{storage: filepath.Join(res.Dir, "storage")}
+	_, storage, _ := replicaFiles(res.Dir, o, 0)
+	at := journalAt{storage: storage}
 	res.JournalOn = "SQLite, " + sqlitefs.Path(at.storage)
 	urlFile := ""
 	if o.pg {
@@ -162,9 +179,12 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 			err = fmt.Errorf("stop dendrite: %w", serr)
 		}
 	}()
-	bot, err := hs.RegisterAccount(ctx, agentName, secret())
-	if err != nil {
-		return res, err
+	names := agentNames(o.agents())
+	bots := make([]dendrite.Account, len(names))
+	for i, name := range names {
+		if bots[i], err = hs.RegisterAccount(ctx, name, secret()); err != nil {
+			return res, err
+		}
 	}
 	alice, err := hs.RegisterAccount(ctx, "alice", secret())
 	if err != nil {
@@ -176,48 +196,99 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	if err != nil {
 		return res, err
 	}
-	p := &person{cli: cli}
+	var device *e2eeperson.Client
 	if o.encrypted {
-		if p.device, err = e2eeperson.Open(ctx, hs.URL, alice); err != nil {
+		if device, err = e2eeperson.Open(ctx, hs.URL, alice); err != nil {
 			return res, err
 		}
-		defer p.device.Close()
-		room, err := p.device.CreateEncryptedRoom(ctx, bot.UserID)
-		if err != nil {
-			return res, err
+		defer device.Close()
+	}
+	// The person has a room with each agent; with one agent it is the
+	// soak's one room, as it always was.
+	rooms := make([]*person, len(bots))
+	for i, bot := range bots {
+		p := &person{cli: cli, agent: bot.UserID, device: device}
+		with := ""
+		if len(bots) > 1 {
+			p.txnTag = fmt.Sprintf("room%d-", i+1)
+			with = " with " + bot.UserID
 		}
-		p.room = id.RoomID(room)
-		logf("room %s: end-to-end encrypted, as Element creates one; the person writes from her own device %s", room, p.device.DeviceID())
-	} else {
-		created, err := cli.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(bot.UserID)}})
-		if err != nil {
-			return res, err
+		if o.encrypted {
+			room, err := device.CreateEncryptedRoom(ctx, bot.UserID)
+			if err != nil {
+				return res, err
+			}
+			p.room = id.RoomID(room)
+			logf("room %s%s: end-to-end encrypted, as Element creates one; the person writes from her own device %s", room, with, device.DeviceID())
+		} else {
+			created, err := cli.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{id.UserID(bot.UserID)}})
+			if err != nil {
+				return res, err
+			}
+			p.room = created.RoomID
+			logf("room %s%s: not encrypted", p.room, with)
 		}
-		p.room = created.RoomID
-		logf("room %s: not encrypted", p.room)
+		rooms[i] = p
 	}
 
-	cfg, err := writeConfig(res.Dir, hs.URL, bot, o, command, urlFile)
+	if o.replicas > 1 {
+		// Every replica must open the agents' olm accounts, kept in the
+		// journal's database, with the one key: made here, before any
+		// replica could make one of its own.
+		if _, err := e2ee.LoadPickleKey(filepath.Join(res.Dir, pickleKeyFile)); err != nil {
+			return res, err
+		}
+	}
+	cfgs, err := writeConfig(res.Dir, hs.URL, bots, names, o, command, urlFile)
 	if err != nil {
 		return res, err
 	}
-	d := &daemon{bin: bin, cfg: cfg, logPath: filepath.Join(res.Dir, "mindroomd.log"),
-		onCrash: func(what string) { logf("daemon %s", what) }}
-	if err := d.Start(); err != nil {
-		return res, err
+	ds := make([]*daemon, len(cfgs))
+	logPaths := make([]string, len(cfgs))
+	for i, cfg := range cfgs {
+		_, _, logPaths[i] = replicaFiles(res.Dir, o, i)
+		who := "daemon"
+		if len(cfgs) > 1 {
+			who = "replica " + replicaName(i)
+		}
+		ds[i] = &daemon{bin: bin, cfg: cfg, logPath: logPaths[i], onCrash: func(what string) { logf("%s %s", who, what) }}
 	}
 	stopped := false
 	defer func() {
 		if !stopped {
-			d.Abort()
+			for _, d := range ds {
+				d.Abort()
+			}
 		}
 	}()
-	if err := awaitJoin(ctx, p, bot.UserID); err != nil {
-		return res, err
+	// The first replica makes the journal, and the others start once it
+	// has joined: replicas opening a new database at once race on its
+	// migrations (the versions table is created outside their lock), and
+	// all but one would fail. The others join as replicas do, each taking
+	// its share of the agents from the first.
+	for i, d := range ds {
+		if err := d.Start(); err != nil {
+			return res, err
+		}
+		if i == 0 && len(ds) > 1 {
+			if err := awaitReplica(ctx, at, replicaName(0)); err != nil {
+				return res, err
+			}
+		}
 	}
-	logf("%s run -config %s (log %s); the agent joined %s", bin, cfg, d.logPath, p.room)
+	for _, p := range rooms {
+		if err := awaitJoin(ctx, p, p.agent); err != nil {
+			return res, err
+		}
+	}
+	if len(ds) == 1 {
+		logf("%s run -config %s (log %s); the agent joined %s", bin, cfgs[0], logPaths[0], rooms[0].room)
+	} else {
+		logf("%d replicas of %s run -config %s (logs %s), replicas: auto, takeover %s; the %d agents joined their rooms",
+			len(ds), bin, strings.Join(cfgs, ", "), strings.Join(logPaths, ", "), replicaTakeover, len(rooms))
+	}
 
-	obs := newObserver(p, bot.UserID)
+	obs := newObserver(rooms)
 	_, since, err := obs.syncOnce(ctx, "")
 	if err != nil {
 		return res, fmt.Errorf("the person's first sync: %w", err)
@@ -229,14 +300,15 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	defer observing.Wait()
 	defer stopObserving()
 	observing.Go(func() { obs.run(obsCtx, since) })
-	if p.device != nil {
+	if device != nil {
 		observing.Go(func() { obs.reopen(obsCtx) })
 	}
 
 	var (
-		mu   sync.Mutex
-		ids  []string
-		last time.Time // the last kill
+		mu     sync.Mutex
+		ids    []string
+		last   time.Time // the last kill
+		killed []kill
 	)
 	sentIDs := func() []string {
 		mu.Lock()
@@ -244,13 +316,34 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 		return append([]string(nil), ids...)
 	}
 	moments := killMoments(mrand.New(mrand.NewPCG(o.seed, 2)), o.m, o.killWindow())
+	targets := killTargets(mrand.New(mrand.NewPCG(o.seed, 3)), o.m, len(ds))
 	postStart := time.Now()
 	killErr := make(chan error, 1)
 	go func() {
-		killErr <- killAt(ctx, d, postStart, moments, func(at time.Time) {
+		killErr <- killAt(ctx, postStart, moments, func(i int) error {
+			k := kill{Replica: targets[i]}
+			if len(ds) > 1 {
+				// Which agents the replica serves is read before the kill:
+				// after it, the rows still name the dead replica until
+				// another takes each agent.
+				var herr error
+				if k.Agents, herr = heldBy(ctx, at, replicaName(k.Replica), ds[k.Replica].Started()); herr != nil {
+					logf("kill %d: %v", i+1, herr)
+				}
+			}
+			now := time.Now()
+			if err := ds[k.Replica].KillAndRestart(); err != nil {
+				return err
+			}
+			k.At, k.UnixMS = now.Sub(postStart), now.UnixMilli()
 			mu.Lock()
-			last = at
+			last = now
+			killed = append(killed, k)
 			mu.Unlock()
+			if len(ds) > 1 {
+				logf("kill %d: replica %s, serving %s, killed and restarted", i+1, replicaName(k.Replica), agentList(k.Agents))
+			}
+			return nil
 		})
 	}()
 	reportCtx, stopReporting := context.WithCancel(ctx)
@@ -266,13 +359,13 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 			}
 			ids := sentIDs()
 			answered, _ := obs.progress(ids)
-			starts, kills, _ := d.Counts()
+			starts, kills, _ := counts(ds)
 			logf("posted %d/%d, answered %d, killed %d/%d, started %d", len(ids), o.k, answered, kills, o.m, starts)
 		}
 	}()
 
 	logf("posting %d messages at %g/s with %d kills over the first %s", o.k, o.rate, o.m, o.killWindow().Round(time.Second))
-	res.Posted, err = post(ctx, p, o, mrand.New(mrand.NewPCG(o.seed, 1)), func(m sent) {
+	res.Posted, err = post(ctx, rooms, o, mrand.New(mrand.NewPCG(o.seed, 1)), func(m sent) {
 		mu.Lock()
 		ids = append(ids, m.ID)
 		mu.Unlock()
@@ -287,6 +380,7 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	}
 	mu.Lock()
 	lastKill := last
+	res.Killed = killed
 	mu.Unlock()
 	if lastKill.IsZero() {
 		lastKill = postEnd
@@ -318,53 +412,71 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	}
 	stopReporting()
 
-	// Every message event the room holds is admitted before the stop, so
+	// Every message event the rooms hold is admitted before the stop, so
 	// the journal's figures after it are final.
-	history, err := p.history(ctx)
+	records, _, err := roomRecords(ctx, rooms, obs.record())
 	if err != nil {
 		return res, err
 	}
-	record := union(obs.record(), p.readAll(ctx, history))
-	if err := awaitJournaled(ctx, at, messageIDs(record, alice.UserID, bot.UserID)); err != nil {
+	var admitted []string
+	for i, p := range rooms {
+		admitted = append(admitted, messageIDs(records[i], alice.UserID, p.agent)...)
+	}
+	if err := awaitJournaled(ctx, at, names, admitted); err != nil {
 		logf("%v", err)
 	}
 	stopped = true
-	res.StopErr = d.Stop()
-	res.Starts, res.Kills, res.Crashes = d.Counts()
-	logf("daemon stopped (%d starts, %d kills): %v", res.Starts, res.Kills, exitText(res.StopErr))
-	if res.Devices, res.OffDevice, err = daemonDevices(d.logPath); err != nil {
+	res.StopErr = stopAll(ds)
+	res.Starts, res.Kills, res.Crashes = counts(ds)
+	logf("%s stopped (%d starts, %d kills): %v", plural(len(ds), "daemon", "replicas"), res.Starts, res.Kills, exitText(res.StopErr))
+	if res.Devices, res.OffDevice, err = daemonDevices(logPaths...); err != nil {
 		return res, err
 	}
 
-	end, err := p.send(ctx, event.Type{Type: endType, Class: event.MessageEventType}, map[string]any{})
-	if err != nil {
-		return res, err
-	}
-	if err := awaitSeen(ctx, obs, end); err != nil {
-		return res, err
+	for _, p := range rooms {
+		end, err := p.send(ctx, event.Type{Type: endType, Class: event.MessageEventType}, map[string]any{})
+		if err != nil {
+			return res, err
+		}
+		if err := awaitSeen(ctx, obs, end); err != nil {
+			return res, err
+		}
 	}
 	stopObserving()
-	// The room's record is what the person's sync showed and what
+	// Each room's record is what the person's sync showed and what
 	// /messages returns, together: Dendrite's backward /messages skips an
 	// event that shares its depth with the last one of a page (the next
 	// page's token starts one depth lower), so neither alone is complete.
-	if history, err = p.history(ctx); err != nil {
+	if records, res.WalkSkipped, err = roomRecords(ctx, rooms, obs.record()); err != nil {
 		return res, err
 	}
-	history = p.readAll(ctx, history)
-	synced := obs.record()
-	record = union(synced, history)
-	res.WalkSkipped = len(record) - len(union(history, nil))
 	obs.mu.Lock()
 	res.Gaps = obs.gaps
 	obs.mu.Unlock()
-	res.Server = tallyRoom(record, bot.UserID, res.Posted.Messages, o.encrypted)
-	res.Undecrypted = p.whyUndecrypted(ctx, record, res.Server.Undecrypted)
+	checked := make([]roomRecord, len(rooms))
+	for i, p := range rooms {
+		checked[i] = roomRecord{bot: p.agent, events: records[i]}
+		for _, m := range res.Posted.Messages {
+			if m.Room == p.room {
+				checked[i].msgs = append(checked[i].msgs, m)
+			}
+		}
+	}
+	var byRoom []serverTally
+	res.Server, byRoom = tallyRooms(checked, o.encrypted)
+	shares := make([]agentShare, len(rooms))
+	answersOf := map[string][]answer{}
+	for i, p := range rooms {
+		res.Undecrypted = append(res.Undecrypted, p.whyUndecrypted(ctx, records[i], byRoom[i].Undecrypted)...)
+		shares[i] = agentShare{agent: names[i], msgs: checked[i].msgs,
+			others: messageIDs(records[i], alice.UserID, p.agent), answers: byRoom[i].Answers}
+		answersOf[names[i]] = byRoom[i].Answers
+	}
+	answeredAgain(res.Killed, answersOf)
 	if res.CutSends, err = cutSends(filepath.Join(hsDir, "dendrite.log")); err != nil {
 		return res, err
 	}
-	if res.Journal, err = readJournal(ctx, at, agentName, res.Posted.Messages,
-		messageIDs(record, alice.UserID, bot.UserID), res.Server.Answers); err != nil {
+	if res.Journal, err = readJournal(ctx, at, shares); err != nil {
 		return res, err
 	}
 	statusArgs := []string{"status", "-storage", at.storage}
@@ -378,6 +490,69 @@ func run(ctx context.Context, o options, out io.Writer) (res result, err error) 
 	}
 	res.Wall = time.Since(began)
 	return res, nil
+}
+
+// roomRecords reads each room's record: what the person's sync showed of
+// it (synced) and what /messages returns, each as the person's device
+// reads it, each event once; skipped counts the events the walks of
+// /messages did not return and the sync did.
+func roomRecords(ctx context.Context, rooms []*person, synced map[id.RoomID][]json.RawMessage) (records [][]json.RawMessage, skipped int, err error) {
+	records = make([][]json.RawMessage, len(rooms))
+	for i, p := range rooms {
+		history, err := p.history(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		history = p.readAll(ctx, history)
+		records[i] = union(synced[p.room], history)
+		skipped += len(records[i]) - len(union(history, nil))
+	}
+	return records, skipped, nil
+}
+
+// kill is one of the soak's SIGKILLs.
+type kill struct {
+	// At is when it came, after the first post; UnixMS the same moment
+	// by the clock the homeserver stamps events with.
+	At     time.Duration
+	UnixMS int64
+	// Replica is the replica it took, from 0.
+	Replica int
+	// Agents are the agents the replica served as it was killed, with
+	// several replicas.
+	Agents []string
+	// Again is how long after the kill the last of Agents had an answer
+	// the homeserver took in after it. Measured is false when none of them
+	// had one: the replica served none, or their rooms had nothing left to
+	// answer.
+	Again    time.Duration
+	Measured bool
+}
+
+// answeredAgain measures, for each kill, how long its replica's agents
+// went without answering: from the kill to each agent's first answer the
+// homeserver took in after it, the longest of them. An agent whose room
+// had nothing left to answer has no such answer and counts for nothing.
+// It bounds the takeover from above: a room with no message waiting
+// answers only once the next one comes.
+func answeredAgain(kills []kill, answers map[string][]answer) {
+	for i := range kills {
+		k := &kills[i]
+		k.Again, k.Measured = 0, false
+		for _, agent := range k.Agents {
+			first := int64(-1)
+			for _, a := range answers[agent] {
+				if a.TS >= k.UnixMS && (first < 0 || a.TS < first) {
+					first = a.TS
+				}
+			}
+			if first < 0 {
+				continue
+			}
+			k.Measured = true
+			k.Again = max(k.Again, time.Duration(first-k.UnixMS)*time.Millisecond)
+		}
+	}
 }
 
 // resolveTools finds the daemon and, for the exec agent, the Python
@@ -443,33 +618,66 @@ sys.argv = [%s]
 runpy.run_path(%s, run_name="__main__")
 `
 
-// writeConfig writes the daemon's configuration, the agent's password and,
-// for the exec back-end, the agent's wrapper into dir. A urlFile puts the
-// journal in the PostgreSQL database it names.
-func writeConfig(dir, homeserver string, bot dendrite.Account, o options, python, urlFile string) (string, error) {
-	if err := os.WriteFile(filepath.Join(dir, agentName+".password"), []byte(bot.Password+"\n"), 0o600); err != nil {
-		return "", err
+// agentNames are the soak's n agents' names, each its account's
+// localpart too: agentName alone for one agent, as the soak always had.
+func agentNames(n int) []string {
+	if n == 1 {
+		return []string{agentName}
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", agentName, i+1)
+	}
+	return out
+}
+
+// replicaName is the replica_id of the i-th replica, from 0.
+func replicaName(i int) string {
+	return fmt.Sprintf("r%d", i+1)
+}
+
+// replicaFiles are the i-th daemon's configuration, storage directory and
+// log under dir: the ones the soak always had for a single daemon, each
+// replica's own, named after it, for several.
+func replicaFiles(dir string, o options, i int) (cfg, storage, log string) {
+	if o.replicas == 1 {
+		return filepath.Join(dir, "mindroom.yaml"), filepath.Join(dir, "storage"), filepath.Join(dir, "mindroomd.log")
+	}
+	r := replicaName(i)
+	return filepath.Join(dir, "mindroom-"+r+".yaml"), filepath.Join(dir, "storage-"+r), filepath.Join(dir, "mindroomd-"+r+".log")
+}
+
+// writeConfig writes each daemon's configuration, the agents' passwords
+// and, for the exec back-end, the agents' wrapper into dir, and returns
+// the configurations' paths. A urlFile puts the journal in the PostgreSQL
+// database it names. Several replicas each have their own configuration
+// and storage, replicas: auto, and the shared pickle key.
+func writeConfig(dir, homeserver string, bots []dendrite.Account, names []string, o options, python, urlFile string) ([]string, error) {
+	for i, bot := range bots {
+		if err := os.WriteFile(filepath.Join(dir, names[i]+".password"), []byte(bot.Password+"\n"), 0o600); err != nil {
+			return nil, err
+		}
 	}
 	backend := "      type: echo\n"
 	if o.agent == "exec" {
 		script, err := filepath.Abs(o.script)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		if _, err := os.Stat(script); err != nil {
-			return "", fmt.Errorf("the exec agent's script: %w", err)
+			return nil, fmt.Errorf("the exec agent's script: %w", err)
 		}
 		quoted, err := json.Marshal(script)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		wrapper := filepath.Join(dir, "agent.py")
 		if err := os.WriteFile(wrapper, fmt.Appendf(nil, agentWrapper, o.agentDelay.Seconds(), quoted, quoted), 0o600); err != nil {
-			return "", err
+			return nil, err
 		}
 		command, err := json.Marshal([]string{python, wrapper})
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		backend = fmt.Sprintf("      type: exec\n      command: %s\n      timeout: %s\n", command, execTimeout)
 	}
@@ -478,25 +686,41 @@ func writeConfig(dir, homeserver string, bot dendrite.Account, o options, python
 	if urlFile != "" {
 		quoted, err := json.Marshal(urlFile)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		top = fmt.Sprintf("database_url_file: %s\n", quoted)
 	}
 	if o.retention {
 		top += "retention: {bodies: 1s, payloads: 1s, turns: 1s, rejected: 1s, identities: 24h, interval: 1s}\n"
 	}
-	cfg := fmt.Sprintf(`homeserver: %s
-storage: ./storage
-%slisten: 127.0.0.1:0
-agents:
-  - name: %s
+	var agents strings.Builder
+	for i, bot := range bots {
+		fmt.Fprintf(&agents, `  - name: %s
     user_id: "%s"
     password_file: ./%s.password
     auto_join: true
     backend:
-%s`, homeserver, top, agentName, bot.UserID, agentName, backend)
-	path := filepath.Join(dir, "mindroom.yaml")
-	return path, os.WriteFile(path, []byte(cfg), 0o600)
+%s`, names[i], bot.UserID, names[i], backend)
+	}
+	paths := make([]string, o.replicas)
+	for i := range paths {
+		var storage string
+		paths[i], storage, _ = replicaFiles(dir, o, i)
+		replica := ""
+		if o.replicas > 1 {
+			replica = fmt.Sprintf("pickle_key_file: ./%s\nreplicas: %s\nreplica_id: %s\nreplica_takeover: %s\n",
+				pickleKeyFile, config.ReplicasAuto, replicaName(i), replicaTakeover)
+		}
+		cfg := fmt.Sprintf(`homeserver: %s
+storage: ./%s
+%s%slisten: 127.0.0.1:0
+agents:
+%s`, homeserver, filepath.Base(storage), top, replica, agents.String())
+		if err := os.WriteFile(paths[i], []byte(cfg), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return paths, nil
 }
 
 // awaitJoin waits until the agent is a member of the person's room.
@@ -516,22 +740,90 @@ func awaitJoin(ctx context.Context, p *person, bot string) error {
 	}
 }
 
-// killAt SIGKILLs the daemon at each moment after start and restarts it,
-// telling onKill when each kill came.
-func killAt(ctx context.Context, d *daemon, start time.Time, moments []time.Duration, onKill func(time.Time)) error {
-	for _, m := range moments {
+// killAt calls kill at each moment after start, with the moment's index:
+// kill SIGKILLs a daemon and restarts it before it returns, so the next
+// kill never finds it down.
+func killAt(ctx context.Context, start time.Time, moments []time.Duration, kill func(i int) error) error {
+	for i, m := range moments {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(time.Until(start.Add(m))):
 		}
-		at := time.Now()
-		if err := d.KillAndRestart(); err != nil {
+		if err := kill(i); err != nil {
 			return err
 		}
-		onKill(at)
 	}
 	return nil
+}
+
+// counts adds up the daemons' starts, kills and crashes, each crash named
+// by its replica when there are several.
+func counts(ds []*daemon) (starts, kills int, crashes []string) {
+	for i, d := range ds {
+		s, k, c := d.Counts()
+		starts += s
+		kills += k
+		for _, what := range c {
+			if len(ds) > 1 {
+				what = "replica " + replicaName(i) + ": " + what
+			}
+			crashes = append(crashes, what)
+		}
+	}
+	return starts, kills, crashes
+}
+
+// stopAll stops the daemons in order, all at once, and returns how that
+// failed: the one daemon's error as it is, each failing replica's named.
+func stopAll(ds []*daemon) error {
+	if len(ds) == 1 {
+		return ds[0].Stop()
+	}
+	errs := make([]error, len(ds))
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Go(func() {
+			if err := d.Stop(); err != nil {
+				errs[i] = fmt.Errorf("replica %s: %s", replicaName(i), exitText(err))
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// plural is one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// agentList names agents for the log and the report.
+func agentList(agents []string) string {
+	if len(agents) == 0 {
+		return "no agent"
+	}
+	return strings.Join(agents, ", ")
+}
+
+// awaitReplica waits until the replica named replica has joined the
+// replicas in the journal at.
+func awaitReplica(ctx context.Context, at journalAt, replica string) error {
+	ctx, cancel := context.WithTimeout(ctx, joinTimeout)
+	defer cancel()
+	var err error
+	for {
+		var joined bool
+		if joined, err = beats(ctx, at, replica); joined {
+			return nil
+		}
+		if perr := pause(ctx); perr != nil {
+			return fmt.Errorf("replica %s never joined the replicas in the journal (%v): %w", replica, err, perr)
+		}
+	}
 }
 
 // awaitSeen waits until the person's sync has shown eventID.
@@ -546,14 +838,14 @@ func awaitSeen(ctx context.Context, obs *observer, eventID string) error {
 	return nil
 }
 
-// awaitJournaled waits until the journal at holds every one of ids,
-// reading it read-only beside the running daemon.
-func awaitJournaled(ctx context.Context, at journalAt, ids []string) error {
+// awaitJournaled waits until the agents' principals in the journal at hold
+// every one of ids, reading it read-only beside the running daemons.
+func awaitJournaled(ctx context.Context, at journalAt, agents, ids []string) error {
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	var missing int
 	for {
-		class, err := readAgentEvents(ctx, at, agentName)
+		class, err := readAgentEvents(ctx, at, agents)
 		if err == nil {
 			missing = 0
 			for _, id := range ids {
@@ -585,33 +877,40 @@ func messageIDs(events []json.RawMessage, person, bot string) []string {
 	return out
 }
 
-// daemonDevices reads the daemon's log for the device each start's
-// end-to-end encryption came up on: the devices, the first start's first,
-// and how many starts came up on another than the first's. A start killed
-// before it got that far logs none; a log where none did is an error, as
-// the soak could not tell which device the daemon used.
-func daemonDevices(logPath string) (devices []string, off int, err error) {
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		return nil, 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		var rec struct {
-			Message  string `json:"message"`
-			DeviceID string `json:"device_id"`
+// daemonDevices reads the daemons' logs for the device each start's
+// end-to-end encryption came up on, agent by agent: the devices, the first
+// start's first, and how many starts came up on another than their
+// agent's first start's. A start killed before it got that far logs none;
+// logs where none did are an error, as the soak could not tell which
+// device the daemon used.
+func daemonDevices(logPaths ...string) (devices []string, off int, err error) {
+	first := map[string]string{}
+	for _, logPath := range logPaths {
+		data, err := os.ReadFile(logPath)
+		if err != nil {
+			return nil, 0, err
 		}
-		if json.Unmarshal([]byte(line), &rec) != nil || rec.Message != cryptoReady || rec.DeviceID == "" {
-			continue
-		}
-		if len(devices) > 0 && rec.DeviceID != devices[0] {
-			off++
-		}
-		if !slices.Contains(devices, rec.DeviceID) {
-			devices = append(devices, rec.DeviceID)
+		for _, line := range strings.Split(string(data), "\n") {
+			var rec struct {
+				Message  string `json:"message"`
+				Agent    string `json:"agent"`
+				DeviceID string `json:"device_id"`
+			}
+			if json.Unmarshal([]byte(line), &rec) != nil || rec.Message != cryptoReady || rec.DeviceID == "" {
+				continue
+			}
+			if f, ok := first[rec.Agent]; !ok {
+				first[rec.Agent] = rec.DeviceID
+			} else if rec.DeviceID != f {
+				off++
+			}
+			if !slices.Contains(devices, rec.DeviceID) {
+				devices = append(devices, rec.DeviceID)
+			}
 		}
 	}
 	if len(devices) == 0 {
-		return nil, 0, fmt.Errorf("no start of the daemon logged %q with its device in %s", cryptoReady, logPath)
+		return nil, 0, fmt.Errorf("no start of the daemon logged %q with its device in %s", cryptoReady, strings.Join(logPaths, ", "))
 	}
 	return devices, off, nil
 }
