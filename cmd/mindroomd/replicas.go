@@ -10,7 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -197,8 +196,8 @@ func (r *replicaSet) serves(name string) bool {
 	return ok
 }
 
-// round beats, then brings what this replica serves to its fair share.
-// A replica counts as live while it beats, unless an agent's row names it
+// round brings what this replica serves to its fair share. A replica
+// counts as live while it beats, unless an agent's row names it
 // the holder while the agent's lease is free: that replica died, or lost
 // its connection, and its agents are orphans the live take over at once,
 // without waiting for its heartbeat to go stale.
@@ -224,34 +223,35 @@ func (r *replicaSet) round(ctx context.Context) {
 		r.warn(ctx, err, "Reading the free leases failed; taking no agent this round")
 		return
 	}
-	dead := make(map[string]bool)
-	silent := make(map[string]bool)
+	live := make(map[string]bool)
 	for _, rep := range replicas {
-		silent[rep.ID] = !rep.Live && rep.ID != r.pg.ReplicaID()
+		live[rep.ID] = rep.Live
 	}
+	dead, silent := make(map[string]bool), make(map[string]bool)
 	for _, h := range holders {
-		if h.Replica == "" || h.Replica == r.pg.ReplicaID() {
-			continue
-		}
-		if free[h.Principal] {
+		switch {
+		case h.Replica == "" || h.Replica == r.pg.ReplicaID():
+		case free[h.Principal]:
 			dead[h.Replica] = true
-			continue
-		}
-		// A replica that stopped beating (stalled, cut off) may still hold
-		// leases on sessions the server has not found idle yet: they end
-		// now, and its agents are taken at the next round.
-		if silent[h.Replica] || !slices.ContainsFunc(replicas, func(rep pgfs.Replica) bool { return rep.ID == h.Replica }) {
-			r.terminate(ctx, h.Replica)
+		case !live[h.Replica]:
+			// A replica that stopped beating (stalled, cut off) may still
+			// hold leases on sessions the server has not found idle yet.
+			silent[h.Replica] = true
 		}
 	}
-	live := 0
-	for _, rep := range replicas {
-		if rep.Live && !dead[rep.ID] {
-			live++
+	// Their sessions end now, and their agents are taken at the next
+	// round.
+	for id := range silent {
+		r.terminate(ctx, id)
+	}
+	n := 0
+	for id, ok := range live {
+		if ok && !dead[id] {
+			n++
 		}
 	}
-	live = max(live, 1)
-	share := (len(r.agents) + live - 1) / live
+	n = max(n, 1)
+	share := (len(r.agents) + n - 1) / n
 	// Past the share, the last agents in the configured order go back
 	// first, one a round: a replica that joined takes them.
 	if r.held() > share {
