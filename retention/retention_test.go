@@ -89,3 +89,59 @@ func TestPassesRunAtStartAndOnTheIntervalAndReclaimAfterClearing(t *testing.T) {
 		t.Fatalf("the journal was reclaimed %d times, want after each of the 2 passes that cleared something", reclaims)
 	}
 }
+
+func TestAnAgentAReplicaDoesNotServeIsLeftAloneUntilItDoes(t *testing.T) {
+	clock := &testsupport.ShiftClock{Base: testsupport.DefaultNow}
+	s := testsupport.MustOpenWith(t, store.Options{StorageDir: t.TempDir(), Now: clock.Now})
+	ctx := context.Background()
+	var views [2]journal.PrincipalStore
+	for i, name := range []string{"served", "elsewhere"} {
+		v, err := s.Principal(ctx, name, "@"+name+":example.org")
+		if err != nil {
+			t.Fatal(err)
+		}
+		settledMessage(t, v, "$old-"+name, "s1")
+		views[i] = v
+	}
+	clock.Advance(2 * time.Hour)
+	var active sync.Map
+	active.Store("served", true)
+	passes := make(chan string, 64)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var targets []retention.Target
+		for i, name := range []string{"served", "elsewhere"} {
+			targets = append(targets, retention.Target{Agent: name, Store: views[i], Policy: journal.RetentionPolicy{Bodies: time.Hour},
+				Interval: 10 * time.Millisecond, Active: func() bool { _, ok := active.Load(name); return ok }})
+		}
+		retention.Run(runCtx, retention.Deps{Targets: targets, Log: zerolog.Nop(),
+			OnPass: func(agent string, n journal.RetentionCount) { passes <- agent }})
+	}()
+	defer func() { cancel(); <-done }()
+	await := func(agent string) {
+		t.Helper()
+		for {
+			select {
+			case got := <-passes:
+				if got == agent {
+					return
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no pass of %s came", agent)
+			}
+		}
+	}
+	// Passes of the served agent come and go; none of the other's.
+	for range 3 {
+		await("served")
+	}
+	st, err := views[1].RetentionStatus(ctx)
+	if err != nil || st.Passes != 0 {
+		t.Fatalf("the agent served elsewhere had %d passes (%v), want none", st.Passes, err)
+	}
+	// Once this process serves it, its passes run too.
+	active.Store("elsewhere", true)
+	await("elsewhere")
+}
