@@ -632,7 +632,14 @@ func TestEveryReplicasAgentAPIAnswersForEveryAgent(t *testing.T) {
 			t.Errorf("status does not show rep%d held by %s:\n%s", i, holder, out)
 		}
 	}
+	// Stopped cleanly, a replica hands its agents back, and the other
+	// takes them and answers for them.
 	w.replicas["r1"].stop(t)
+	w.awaitHolders("both agents on r2", w.spread("r2"))
+	for i, room := range w.rooms {
+		w.alice.SendText(room, fmt.Sprintf("after-r1-%d", i))
+		w.alice.AwaitEvent(w.ctx, room, w.answered(i, fmt.Sprintf("after-r1-%d", i)))
+	}
 	w.replicas["r2"].stop(t)
 	w.checkAnsweredOnce()
 	// Stopped cleanly, each handed its leases back and left.
