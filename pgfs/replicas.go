@@ -113,15 +113,15 @@ func (s *Store) Beat(ctx context.Context, apiURL string) error {
 		}
 		s.presence = conn
 	}
-	for _, q := range []struct {
-		sql  string
-		args []any
-	}{{upsertReplica, []any{s.replica, apiURL}}, {forgetReplicas, []any{forgetAfter.Milliseconds()}}} {
-		if _, err := s.presence.Exec(ctx, q.sql, q.args...); err != nil {
-			_ = s.presence.Close(context.Background())
-			s.presence = nil
-			return fmt.Errorf("heartbeat: %w", redact(err))
-		}
+	_, err := s.presence.Exec(ctx, upsertReplica, s.replica, apiURL)
+	if err == nil {
+		_, err = s.presence.Exec(ctx, forgetReplicas, forgetAfter.Milliseconds())
+	}
+	if err != nil {
+		// The next beat starts over on a new session.
+		_ = s.presence.Close(context.Background())
+		s.presence = nil
+		return fmt.Errorf("heartbeat: %w", redact(err))
 	}
 	return nil
 }
