@@ -42,15 +42,7 @@ func TestTheDaemonRunsOnPostgreSQLAndAnswersEachMessageOnceAcrossARestart(t *tes
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		alice.AwaitEvent(ctx, room, func(raw json.RawMessage) bool {
-			var ev struct {
-				Sender  string `json:"sender"`
-				Content struct {
-					Body string `json:"body"`
-				} `json:"content"`
-			}
-			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
-		})
+		alice.AwaitEvent(ctx, room, dendrite.Says(bot.UserID, "echo: "+text))
 	}
 	var logs strings.Builder
 	d := runInProcess(cfg)
@@ -182,17 +174,7 @@ func TestOnPostgreSQLADaemonOnAnotherHostSignsTheAgentInOnTheSameDevice(t *testi
 	room := alice.CreateRoom(bot.UserID)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	echoed := func(text string) func(json.RawMessage) bool {
-		return func(raw json.RawMessage) bool {
-			var ev struct {
-				Sender  string `json:"sender"`
-				Content struct {
-					Body string `json:"body"`
-				} `json:"content"`
-			}
-			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
-		}
-	}
+	echoed := func(text string) func(json.RawMessage) bool { return dendrite.Says(bot.UserID, "echo: "+text) }
 	first := t.TempDir()
 	d := runInProcess(onPostgres(t, hs.URL, bot, first, dbURL))
 	alice.AwaitEvent(ctx, room, dendrite.Joined(bot.UserID, 1))

@@ -41,13 +41,12 @@ const (
 
 // replicaSet is this daemon as one replica of several.
 type replicaSet struct {
-	d        *daemon
-	cfg      *config.Config
-	pg       *pgfs.Store
-	log      zerolog.Logger
-	agents   []replicaAgent
-	url      string
-	takeover time.Duration
+	d      *daemon
+	cfg    *config.Config
+	pg     *pgfs.Store
+	log    zerolog.Logger
+	agents []replicaAgent
+	url    string
 
 	// mu guards serving, which the agent API reads.
 	mu      sync.RWMutex
@@ -82,7 +81,7 @@ type servedAgent struct {
 // none yet.
 func newReplicaSet(ctx context.Context, d *daemon, cfg *config.Config, answers []agent.Agent, refs []*clientRef) (*replicaSet, error) {
 	r := &replicaSet{d: d, cfg: cfg, pg: d.store.Postgres(), log: d.log.With().Str("component", "replicas").Logger(),
-		takeover: cfg.ReplicaTakeover, serving: make(map[string]*servedAgent), cooling: make(map[string]time.Time), lost: make(chan *pgfs.Lease, len(cfg.Agents))}
+		serving: make(map[string]*servedAgent), cooling: make(map[string]time.Time), lost: make(chan *pgfs.Lease, len(cfg.Agents))}
 	for i, a := range cfg.Agents {
 		id, err := d.store.PrincipalID(ctx, a.Name, a.UserID)
 		if err != nil {
@@ -138,12 +137,12 @@ func (r *replicaSet) start(apiAddr string) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stopLoop = cancel
 	wake := r.d.store.Hints().Subscribe(pgfs.LeaseTopic)
-	r.log.Info().Str("replica", r.pg.ReplicaID()).Str("api_url", r.url).Dur("takeover", r.takeover).
+	r.log.Info().Str("replica", r.pg.ReplicaID()).Str("api_url", r.url).Dur("takeover", r.pg.Takeover()).
 		Msg("Serving as one replica of several")
 	// The beat has a loop of its own: a round that signs several agents
 	// in takes longer than the server leaves the presence session idle.
 	r.loop.Go(func() {
-		tick := time.NewTicker(r.takeover / 5)
+		tick := time.NewTicker(r.pg.Takeover() / 5)
 		defer tick.Stop()
 		for {
 			select {
@@ -158,7 +157,7 @@ func (r *replicaSet) start(apiAddr string) error {
 	})
 	r.loop.Go(func() {
 		defer wake.Close()
-		tick := time.NewTicker(r.takeover / 5)
+		tick := time.NewTicker(r.pg.Takeover() / 5)
 		defer tick.Stop()
 		for {
 			r.round(ctx)
@@ -364,7 +363,7 @@ func (r *replicaSet) drop(l *pgfs.Lease) {
 	}
 	r.log.Warn().Str("agent", name).Int64("generation", l.Generation).Msg("The agent's lease was lost; no longer serving it")
 	r.d.stopAgent(s.run)
-	r.cooling[name] = time.Now().Add(r.takeover)
+	r.cooling[name] = time.Now().Add(r.pg.Takeover())
 }
 
 // handBack stops serving the agent named name, then hands its lease back

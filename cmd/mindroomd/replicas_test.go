@@ -222,15 +222,7 @@ func (w *replicaWorld) answered(i int, body string) func(json.RawMessage) bool {
 
 // said matches a message of bot i's whose body is body.
 func (w *replicaWorld) said(i int, body string) func(json.RawMessage) bool {
-	return func(raw json.RawMessage) bool {
-		var ev struct {
-			Sender  string `json:"sender"`
-			Content struct {
-				Body string `json:"body"`
-			} `json:"content"`
-		}
-		return json.Unmarshal(raw, &ev) == nil && ev.Sender == w.bots[i].UserID && ev.Content.Body == body
-	}
+	return dendrite.Says(w.bots[i].UserID, body)
 }
 
 // answers counts, in each room, the answers to each of alice's messages,
@@ -350,16 +342,12 @@ func (w *replicaWorld) checkAnsweredOnce() int {
 // metric reads one counter or gauge of the replica named id.
 func (w *replicaWorld) metric(id, name string) float64 {
 	w.t.Helper()
-	resp, err := http.Get("http://" + w.addrs[id] + "/metrics")
-	if err != nil {
-		w.t.Fatal(err)
+	// On loopback the metrics need no token; the agent's goes unread.
+	status, body := w.call(w.addrs[id], 0, http.MethodGet, "/metrics", "")
+	if status != http.StatusOK {
+		w.t.Fatalf("metrics of %s: %d %s", id, status, body)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			if err != nil {

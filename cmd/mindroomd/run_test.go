@@ -119,15 +119,7 @@ func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		alice.AwaitEvent(ctx, room, func(raw json.RawMessage) bool {
-			var ev struct {
-				Sender  string `json:"sender"`
-				Content struct {
-					Body string `json:"body"`
-				} `json:"content"`
-			}
-			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
-		})
+		alice.AwaitEvent(ctx, room, dendrite.Says(bot.UserID, "echo: "+text))
 	}
 
 	stop, log := start()
@@ -220,17 +212,7 @@ func TestASIGTERMWithRepliesInFlightLosesNothingAndAnswersNothingTwice(t *testin
 		})
 		return cmd
 	}
-	answered := func(text string) func(json.RawMessage) bool {
-		return func(raw json.RawMessage) bool {
-			var ev struct {
-				Sender  string `json:"sender"`
-				Content struct {
-					Body string `json:"body"`
-				} `json:"content"`
-			}
-			return json.Unmarshal(raw, &ev) == nil && ev.Sender == bot.UserID && ev.Content.Body == "echo: "+text
-		}
-	}
+	answered := func(text string) func(json.RawMessage) bool { return dendrite.Says(bot.UserID, "echo: "+text) }
 
 	daemon := start()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

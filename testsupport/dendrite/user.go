@@ -260,6 +260,19 @@ func WithID(eventID string) func(json.RawMessage) bool {
 	}
 }
 
+// Says matches a message of sender's whose body is body, for AwaitEvent.
+func Says(sender, body string) func(json.RawMessage) bool {
+	return func(raw json.RawMessage) bool {
+		var e struct {
+			Sender  string `json:"sender"`
+			Content struct {
+				Body string `json:"body"`
+			} `json:"content"`
+		}
+		return json.Unmarshal(raw, &e) == nil && e.Sender == sender && e.Content.Body == body
+	}
+}
+
 // syncResponse holds the parts of a sync AwaitEvent reads, events as raw
 // JSON.
 type syncResponse struct {
