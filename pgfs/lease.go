@@ -100,7 +100,10 @@ func (s *Store) TryLease(ctx context.Context, principal int64) (l *Lease, held b
 }
 
 // watch checks the lease's connection every LeaseCheck and gives the lease
-// up the moment it fails: the server has dropped the lock with it.
+// up the moment it fails: the server has dropped the lock with it. Until
+// Release stops it, the watcher is the only user of the connection (a
+// pgx connection is not safe for concurrent use), so it is also the one
+// that closes it once the lease is given up, here or by a refused write.
 func (l *Lease) watch() {
 	defer l.done.Done()
 	t := time.NewTicker(l.s.leaseCheck)
@@ -108,6 +111,9 @@ func (l *Lease) watch() {
 	for {
 		select {
 		case <-l.stop:
+			return
+		case <-l.lost:
+			_ = l.conn.Close(context.Background())
 			return
 		case <-t.C:
 		}
@@ -118,6 +124,7 @@ func (l *Lease) watch() {
 			l.s.log.Warn().Err(redact(err)).Int64("principal", l.Principal).Int64("generation", l.Generation).
 				Msg("A lease's connection failed; the lease is lost")
 			l.give()
+			_ = l.conn.Close(context.Background())
 			return
 		}
 	}
@@ -147,11 +154,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
-// give drops a lease whose connection failed.
+// give drops a lease found lost: its connection failed, or a write found
+// the generation moved on. The watcher closes the connection.
 func (l *Lease) give() {
 	l.once.Do(func() {
 		l.forget()
-		_ = l.conn.Close(context.Background())
 		close(l.lost)
 	})
 }
