@@ -70,10 +70,20 @@ func New(deps Deps) *Receipts {
 	return &Receipts{deps: deps, newest: make(map[string]string), wake: make(chan struct{}, 1)}
 }
 
-// note records that eventID of room was dealt with.
-func (r *Receipts) note(room, eventID string) {
+// mark is one event dealt with, in its room.
+type mark struct{ room, eventID string }
+
+// note records the events of one settlement as dealt with, all at once:
+// a flush that starts between them would otherwise mark an older one of
+// them read on its own, a receipt the next flush at once supersedes.
+func (r *Receipts) note(marks ...mark) {
+	if len(marks) == 0 {
+		return
+	}
 	r.mu.Lock()
-	r.newest[room] = eventID
+	for _, m := range marks {
+		r.newest[m.room] = m.eventID
+	}
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
@@ -133,9 +143,11 @@ func Wrap(v journal.PrincipalStore, r *Receipts) *Store { return &Store{Principa
 func (s *Store) EnqueueAndSettle(ctx context.Context, req journal.EnqueueRequest) (journal.EnqueueResult, error) {
 	res, err := s.PrincipalStore.EnqueueAndSettle(ctx, req)
 	if err == nil && s.r.deps.Mode != Off {
-		for _, src := range req.Sources {
-			s.r.note(req.RoomID, src)
+		marks := make([]mark, len(req.Sources))
+		for i, src := range req.Sources {
+			marks[i] = mark{req.RoomID, src}
 		}
+		s.r.note(marks...)
 	}
 	return res, err
 }
@@ -147,14 +159,16 @@ func (s *Store) Settle(ctx context.Context, eventIDs ...string) (int, error) {
 	if err != nil || n == 0 || s.r.deps.Mode != OnSettle {
 		return n, err
 	}
+	marks := make([]mark, 0, len(eventIDs))
 	for _, id := range eventIDs {
 		e, seen, err := s.PrincipalStore.AdmittedEvent(ctx, id)
 		if err != nil || !seen {
 			// Only a receipt is lost; the settlement stands.
 			continue
 		}
-		s.r.note(e.RoomID, id)
+		marks = append(marks, mark{e.RoomID, id})
 	}
+	s.r.note(marks...)
 	return n, nil
 }
 

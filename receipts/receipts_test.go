@@ -69,6 +69,15 @@ func answer(t *testing.T, s *receipts.Store, eventID string) {
 	}
 }
 
+// slowLookup is a journal view whose reads of an admitted event take many
+// times the receipts' delay, as on a loaded machine.
+type slowLookup struct{ journal.PrincipalStore }
+
+func (v slowLookup) AdmittedEvent(ctx context.Context, id string) (journal.AdmittedEvent, bool, error) {
+	time.Sleep(20 * time.Millisecond)
+	return v.PrincipalStore.AdmittedEvent(ctx, id)
+}
+
 func TestOnSettleMarksTheNewestEventDealtWithRead(t *testing.T) {
 	s, rec, _ := setup(t, receipts.OnSettle)
 	if _, err := s.Settle(context.Background(), "$a", "$b"); err != nil {
@@ -92,6 +101,20 @@ func TestOnAnswerLeavesAnIgnoredEventUnread(t *testing.T) {
 	<-rec.came
 	if got := rec.all(); len(got) != 1 || got[0] != room+" $b" {
 		t.Fatalf("receipts = %v, want only the answered $b", got)
+	}
+}
+
+func TestASettlementOfSeveralEventsIsOneReceiptHoweverSlowItsLookups(t *testing.T) {
+	s, rec, _ := setup(t, receipts.OnSettle)
+	s.PrincipalStore = slowLookup{s.PrincipalStore}
+	if _, err := s.Settle(context.Background(), "$a", "$b"); err != nil {
+		t.Fatal(err)
+	}
+	<-rec.came
+	answer(t, s, "$c")
+	<-rec.came
+	if got := rec.all(); len(got) != 2 || got[0] != room+" $b" || got[1] != room+" $c" {
+		t.Fatalf("receipts = %v, want $b for the settlement, then $c", got)
 	}
 }
 

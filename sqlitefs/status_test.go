@@ -3,12 +3,12 @@ package sqlitefs_test
 import (
 	"context"
 	"fmt"
-	"github.com/mindroomd/mindroomd/journalsql"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/journalsql"
 	"github.com/mindroomd/mindroomd/sqlitefs"
 	"github.com/mindroomd/mindroomd/store"
 	"github.com/mindroomd/mindroomd/testsupport"
@@ -159,7 +159,10 @@ func TestStatusCountsTheOutboxByStateAndTheOwedDepartureEchoes(t *testing.T) {
 // while a writer keeps one; none after an orderly close.
 func TestSizesAreThoseOfTheJournalAndItsWAL(t *testing.T) {
 	ctx := context.Background()
-	s, dir := testsupport.MustOpen(t)
+	// No checkpoint may run between the reading and the stat it is checked
+	// against: the pages stay in the WAL until the orderly close.
+	dir := t.TempDir()
+	s := testsupport.MustOpenWith(t, store.Options{StorageDir: dir, CheckpointInterval: time.Hour})
 	v, err := s.Principal(ctx, "helper", "@helper:example.org")
 	if err != nil {
 		t.Fatal(err)
