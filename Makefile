@@ -65,18 +65,19 @@ bench-memory:
 bench-smoke: dendrite
 	$(GO) test -short -run '^$$' -bench . -benchtime 1x -timeout 15m ./bench/
 
-# The PostgreSQL benchmarks (BenchmarkPG*), opt-in through -pg: each starts
-# a durable cluster of its own (or uses MINDROOM_TEST_PG_URL's server) and
-# loads its fixture, no cache. Output in .cache/bench/last-pg.txt, then the
+# The PostgreSQL benchmarks (BenchmarkPG*, and BenchmarkReplica* with a
+# real Dendrite), opt-in through -pg: each starts a durable cluster of its
+# own (or uses MINDROOM_TEST_PG_URL's server) and loads its fixture, no
+# cache. Output in .cache/bench/last-pg.txt, then the
 # summary table. bench-pg-smoke runs them on tiny fixtures, one round.
 .PHONY: bench-pg bench-pg-smoke
-bench-pg:
+bench-pg: dendrite
 	@mkdir -p .cache/bench
-	$(GO) test -run '^$$' -bench PG -benchtime $(BENCHTIME) -timeout 60m ./bench/ -args -pg -n $(BENCH_N) | tee .cache/bench/last-pg.txt
+	$(GO) test -run '^$$' -bench 'PG|Replica' -benchtime $(BENCHTIME) -timeout 60m ./bench/ -args -pg -n $(BENCH_N) | tee .cache/bench/last-pg.txt
 	$(GO) run ./bench/cmd/summary < .cache/bench/last-pg.txt
 
-bench-pg-smoke:
-	$(GO) test -short -run '^$$' -bench PG -benchtime 1x -timeout 15m ./bench/ -args -pg
+bench-pg-smoke: dendrite
+	$(GO) test -short -run '^$$' -bench 'PG|Replica' -benchtime 1x -timeout 15m ./bench/ -args -pg
 
 # The kill-9 soak (bench/soak): a real Dendrite and bin/mindroomd answering
 # through examples/echo-agent.py; a person posts SOAK_K messages at 20/s

@@ -17,14 +17,14 @@ import (
 	"github.com/mindroomd/mindroomd/testsupport/pg"
 )
 
-// flagPG opts into the PostgreSQL benchmarks. They start a PostgreSQL
-// server of their own, so `-bench .` (make bench) leaves them out unless
-// asked.
-var flagPG = flag.Bool("pg", false, "run the PostgreSQL benchmarks (BenchmarkPG*)")
+// flagPG opts into the PostgreSQL benchmarks (BenchmarkPG*, and the
+// replicas' BenchmarkReplica*). They start a PostgreSQL server of their
+// own, so `-bench .` (make bench) leaves them out unless asked.
+var flagPG = flag.Bool("pg", false, "run the PostgreSQL benchmarks (BenchmarkPG*, BenchmarkReplica*)")
 
 // skipPG is why a PostgreSQL benchmark did not run without -pg.
 const skipPG = "the PostgreSQL benchmarks are opt-in: run them with `make bench-pg`, " +
-	"or go test -run '^$' -bench PG ./bench/ -args -pg"
+	"or go test -run '^$' -bench 'PG|Replica' ./bench/ -args -pg"
 
 // The floor runs the reader's own page statements (pgfs.PageQueryHead,
 // pgfs.PageQueryAfter) bare. Their arguments are (principal, room, thread,
