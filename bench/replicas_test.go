@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -723,23 +722,8 @@ func (w *replicaBench) syncLoop(ctx context.Context, i int) {
 	cli := w.posters[i].Client
 	since := ""
 	for ctx.Err() == nil {
-		query := map[string]string{"filter": replicaSyncFilter, "timeout": "30000"}
-		if since != "" {
-			query["since"] = since
-		}
-		var resp struct {
-			NextBatch string `json:"next_batch"`
-			Rooms     struct {
-				Join map[string]struct {
-					Timeline struct {
-						Events  []json.RawMessage `json:"events"`
-						Limited bool              `json:"limited"`
-					} `json:"timeline"`
-				} `json:"join"`
-			} `json:"rooms"`
-		}
-		url := cli.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "sync"}, query)
-		if _, err := cli.MakeRequest(ctx, http.MethodGet, url, nil, &resp); err != nil {
+		resp, err := dendrite.SyncTimelines(ctx, cli, replicaSyncFilter, since, 30*time.Second)
+		if err != nil {
 			if ctx.Err() == nil {
 				w.seen.fail(fmt.Errorf("poster %d's sync: %w", i, err))
 			}

@@ -15,6 +15,7 @@ import (
 	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
 
+	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
@@ -399,25 +400,10 @@ func (o *observer) run(ctx context.Context, since string) {
 // syncOnce syncs once from since, notes what the person's rooms show, and
 // returns the rooms whose timeline was limited.
 func (o *observer) syncOnce(ctx context.Context, since string) (limited []*person, next string, err error) {
-	query := map[string]string{"filter": syncFilter, "timeout": strconv.Itoa(int(syncPoll.Milliseconds()))}
-	if since != "" {
-		query["since"] = since
-	}
-	var resp struct {
-		NextBatch string `json:"next_batch"`
-		Rooms     struct {
-			Join map[string]struct {
-				Timeline struct {
-					Events  []json.RawMessage `json:"events"`
-					Limited bool              `json:"limited"`
-				} `json:"timeline"`
-			} `json:"join"`
-		} `json:"rooms"`
-	}
 	rctx, cancel := context.WithTimeout(ctx, syncPoll+requestTimeout)
 	defer cancel()
-	u := o.cli.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "sync"}, query)
-	if _, err := o.cli.MakeRequest(rctx, http.MethodGet, u, nil, &resp); err != nil {
+	resp, err := dendrite.SyncTimelines(rctx, o.cli, syncFilter, since, syncPoll)
+	if err != nil {
 		return nil, "", err
 	}
 	for room, joined := range resp.Rooms.Join {

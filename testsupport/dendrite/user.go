@@ -273,27 +273,9 @@ func Says(sender, body string) func(json.RawMessage) bool {
 	}
 }
 
-// syncResponse holds the parts of a sync AwaitEvent reads, events as raw
-// JSON.
-type syncResponse struct {
-	NextBatch string `json:"next_batch"`
-	Rooms     struct {
-		Join map[string]struct {
-			Timeline struct {
-				Events []json.RawMessage `json:"events"`
-			} `json:"timeline"`
-		} `json:"join"`
-	} `json:"rooms"`
-}
-
 func (u *User) syncOnce(ctx context.Context) error {
-	query := map[string]string{"filter": awaitSyncFilter, "timeout": strconv.Itoa(int(awaitPoll.Milliseconds()))}
-	if u.since != "" {
-		query["since"] = u.since
-	}
-	var resp syncResponse
-	url := u.Client.BuildURLWithQuery(mautrix.ClientURLPath{"v3", "sync"}, query)
-	if _, err := u.Client.MakeRequest(ctx, http.MethodGet, url, nil, &resp); err != nil {
+	resp, err := SyncTimelines(ctx, u.Client, awaitSyncFilter, u.since, awaitPoll)
+	if err != nil {
 		return err
 	}
 	for room, joined := range resp.Rooms.Join {
