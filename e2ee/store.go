@@ -95,6 +95,12 @@ func open(ctx context.Context, raw *sql.DB, dialect string) (*Store, error) {
 		raw.Close()
 		return nil, fmt.Errorf("upgrade room state store: %w", err)
 	}
+	if dialect == "postgres" {
+		if _, err := raw.ExecContext(ctx, installFence); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("install the crypto store's lease fence: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -125,11 +131,17 @@ func lockUpgrade(ctx context.Context, raw *sql.DB) (func(), error) {
 func (s *Store) Close() error { return s.db.RawDB.Close() }
 
 // OpenPostgres opens the crypto store in the journal's PostgreSQL
-// database, under tables of its own (crypto_*, mx_*).
-func OpenPostgres(ctx context.Context, databaseURL string) (*Store, error) {
+// database, under tables of its own (crypto_*, mx_*). replica names the
+// replica of several sharing the database whose store this is: its writes
+// of an agent's account are refused unless it holds the agent's lease
+// (fence.go). Empty for a daemon running alone.
+func OpenPostgres(ctx context.Context, databaseURL, replica string) (*Store, error) {
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, errors.New("open crypto store: the database URL does not parse")
+	}
+	if replica != "" {
+		cfg.RuntimeParams[replicaSetting] = replica
 	}
 	return open(ctx, stdlib.OpenDB(*cfg), "postgres")
 }

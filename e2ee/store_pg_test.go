@@ -14,7 +14,7 @@ func TestReplicasOpeningANewCryptoStoreAtOnceAllUpgradeIt(t *testing.T) {
 	errs := make(chan error, replicas)
 	for range replicas {
 		go func() {
-			s, err := e2ee.OpenPostgres(context.Background(), url)
+			s, err := e2ee.OpenPostgres(context.Background(), url, "")
 			if err == nil {
 				err = s.Close()
 			}

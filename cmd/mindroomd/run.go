@@ -185,7 +185,11 @@ func (d *daemon) openCrypto(ctx context.Context, cfg *config.Config) (err error)
 		return err
 	}
 	if url := cfg.DatabaseURL.Reveal(); url != "" {
-		d.crypto, err = e2ee.OpenPostgres(ctx, url)
+		replica := ""
+		if cfg.Replicas == config.ReplicasAuto {
+			replica = replicaID(cfg)
+		}
+		d.crypto, err = e2ee.OpenPostgres(ctx, url, replica)
 	} else {
 		d.crypto, err = e2ee.OpenSQLite(ctx, filepath.Join(cfg.Storage, e2ee.FileName))
 	}
