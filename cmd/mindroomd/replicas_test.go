@@ -18,11 +18,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"maunium.net/go/mautrix"
 	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
 
 	"github.com/mindroomd/mindroomd/e2ee"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
 // replicaScript answers "answer: <body>" after a moment (3 s for a body
@@ -47,6 +49,7 @@ type replicaWorld struct {
 	ctx      context.Context
 	bin, dir string
 	dbURL    string
+	hs       *dendrite.Server
 	hsURL    string
 	takeover time.Duration
 	alice    *dendrite.User
@@ -69,7 +72,7 @@ func startReplicaWorld(t *testing.T, agents int, takeover time.Duration) *replic
 		t.Fatal(err)
 	}
 	hs := dendrite.Start(t)
-	w := &replicaWorld{t: t, bin: bin, dir: t.TempDir(), dbURL: postgresURL(t), hsURL: hs.URL, takeover: takeover,
+	w := &replicaWorld{t: t, bin: bin, dir: t.TempDir(), dbURL: postgresURL(t), hs: hs, hsURL: hs.URL, takeover: takeover,
 		replicas: map[string]*daemonProcess{}, addrs: map[string]string{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	t.Cleanup(cancel)
@@ -654,4 +657,85 @@ func TestEveryReplicasAgentAPIAnswersForEveryAgent(t *testing.T) {
 	if sent != 4 {
 		t.Fatalf("the rooms hold %d sent messages, want one per agent and replica (4)", sent)
 	}
+}
+
+func TestAnAgentTakenOverInItsEncryptedRoomReadsAndSealsOnTheSameDevice(t *testing.T) {
+	w := startReplicaWorld(t, 1, 4*time.Second)
+	carol := e2eeperson.New(t, w.hs, w.hs.Register(t, "carol", "carol-password"))
+	bot := w.bots[0].UserID
+	room := carol.CreateEncryptedRoom(bot)
+	answered := func(body string) {
+		t.Helper()
+		carol.SendText(room, body)
+		carol.AwaitDecrypted(w.ctx, room, func(typ string, content map[string]any, raw json.RawMessage) bool {
+			var ev struct {
+				Sender string `json:"sender"`
+			}
+			return typ == "m.room.message" && content["body"] == "answer: "+body &&
+				json.Unmarshal(raw, &ev) == nil && ev.Sender == bot
+		})
+	}
+	holds := func(id string) func(map[string]string) bool {
+		return func(h map[string]string) bool { return h["rep0"] == id }
+	}
+	// r1 serves the agent first; r2 waits beside it.
+	w.start("r1")
+	w.awaitHolders("r1 serves the agent", holds("r1"))
+	carol.AwaitDecrypted(w.ctx, room, joinedBy(bot))
+	w.start("r2")
+	answered("sealed-1")
+	// Each owner in turn is killed; the other takes the agent over with
+	// the olm account, the room keys and the device the first stored.
+	w.replicas["r1"].kill(t)
+	w.awaitHolders("r2 takes the agent over", holds("r2"))
+	answered("sealed-2")
+	// The stored account is fenced: a write as r1, which lost the agent,
+	// is refused; as r2, its holder, it goes through.
+	account := "rep0@" + bot
+	if err := w.touchCryptoAccount("r1", account); err == nil || !strings.Contains(err.Error(), "ML001") {
+		t.Fatalf("a write of the agent's olm account as the replica that lost it: %v, want the fence's refusal", err)
+	}
+	if err := w.touchCryptoAccount("r2", account); err != nil {
+		t.Fatalf("a write of the agent's olm account as its holder: %v", err)
+	}
+	w.start("r1")
+	w.replicas["r2"].kill(t)
+	w.awaitHolders("r1 takes the agent back", holds("r1"))
+	answered("sealed-3")
+	w.replicas["r1"].stop(t)
+
+	keys, err := w.alice.Client.QueryKeys(w.ctx, &mautrix.ReqQueryKeys{DeviceKeys: mautrix.DeviceKeysRequest{id.UserID(bot): {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devices := keys.DeviceKeys[id.UserID(bot)]; len(devices) != 1 {
+		t.Fatalf("the agent has %d devices after two takeovers, want its one", len(devices))
+	}
+	for _, body := range []string{"sealed-1", "sealed-2", "sealed-3"} {
+		if n := answersFrom(t, carol, room, bot)["answer: "+body]; n != 1 {
+			t.Errorf("%q has %d sealed answers, want one", body, n)
+		}
+	}
+}
+
+// touchCryptoAccount rewrites the stored olm account of account unchanged,
+// on a connection that speaks for the replica named replica as a
+// replica's crypto store does.
+func (w *replicaWorld) touchCryptoAccount(replica, account string) error {
+	w.t.Helper()
+	cfg, err := pgx.ParseConfig(w.dbURL)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cfg.RuntimeParams["mindroomd.replica"] = replica
+	conn, err := pgx.ConnectConfig(w.ctx, cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tag, err := conn.Exec(w.ctx, `UPDATE crypto_account SET shared = shared WHERE account_id = $1`, account)
+	if err == nil && tag.RowsAffected() != 1 {
+		w.t.Fatalf("no stored olm account %q", account)
+	}
+	return err
 }
