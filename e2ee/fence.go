@@ -48,22 +48,16 @@ BEGIN
 	RETURN NEW;
 END
 $fence$;
-DROP TRIGGER IF EXISTS lease_fence ON crypto_account;
-CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON crypto_account
-	FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence();
-DROP TRIGGER IF EXISTS lease_fence ON crypto_olm_session;
-CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON crypto_olm_session
-	FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence();
-DROP TRIGGER IF EXISTS lease_fence ON crypto_olm_message_hash;
-CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON crypto_olm_message_hash
-	FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence();
-DROP TRIGGER IF EXISTS lease_fence ON crypto_megolm_inbound_session;
-CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON crypto_megolm_inbound_session
-	FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence();
-DROP TRIGGER IF EXISTS lease_fence ON crypto_megolm_outbound_session;
-CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON crypto_megolm_outbound_session
-	FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence();
-DROP TRIGGER IF EXISTS lease_fence ON crypto_secrets;
-CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON crypto_secrets
-	FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence();
+DO $install$
+DECLARE
+	fenced text;
+BEGIN
+	FOREACH fenced IN ARRAY ARRAY['crypto_account', 'crypto_olm_session', 'crypto_olm_message_hash',
+		'crypto_megolm_inbound_session', 'crypto_megolm_outbound_session', 'crypto_secrets'] LOOP
+		EXECUTE format('DROP TRIGGER IF EXISTS lease_fence ON %I', fenced);
+		EXECUTE format('CREATE TRIGGER lease_fence BEFORE INSERT OR UPDATE OR DELETE ON %I '
+			'FOR EACH ROW EXECUTE FUNCTION crypto_lease_fence()', fenced);
+	END LOOP;
+END
+$install$;
 `
