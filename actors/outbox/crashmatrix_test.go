@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -11,11 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +22,7 @@ import (
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport/crash"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
@@ -108,8 +106,8 @@ func runCrashCase(ctx context.Context, t *testing.T, point, target string) {
 
 	// First run: killed at the point.
 	c := startCrashChild(t, cfg)
-	c.waitFor(ctx, t, "AT "+point)
-	c.kill(t)
+	c.WaitFor(ctx, t, "AT "+point)
+	c.Kill(t)
 
 	atKill := inspectAtKill(ctx, t, cfg)
 	checkStateAtKill(t, cfg, atKill)
@@ -118,8 +116,8 @@ func runCrashCase(ctx context.Context, t *testing.T, point, target string) {
 	restart := cfg
 	restart.point, restart.target = "", ""
 	c = startCrashChild(t, restart)
-	c.waitFor(ctx, t, "DONE")
-	c.exit(t)
+	c.WaitFor(ctx, t, "DONE")
+	c.Exit(t)
 
 	checkFinished(ctx, t, cfg, atKill)
 }
@@ -355,95 +353,10 @@ func firstRecord(rs []serverRecord) serverRecord {
 	return rs[0]
 }
 
-// crashChild is one run of the child process.
-type crashChild struct {
-	cmd    *exec.Cmd
-	lines  chan string
-	stderr *bytes.Buffer
-	seen   []string
-}
-
-func startCrashChild(t *testing.T, cfg crashConfig) *crashChild {
+// startCrashChild runs the child process on cfg.
+func startCrashChild(t *testing.T, cfg crashConfig) *crash.Process {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashMatrixChild$", "-test.count=1")
-	cmd.Env = cfg.env()
-	c := &crashChild{cmd: cmd, lines: make(chan string, 64), stderr: &bytes.Buffer{}}
-	cmd.Stderr = c.stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatalf("child stdout: %v", err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start child: %v", err)
-	}
-	go func() {
-		defer close(c.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			c.drain()
-			_ = cmd.Wait()
-		}
-	})
-	return c
-}
-
-// waitFor reads the child's stdout until a line equals want.
-func (c *crashChild) waitFor(ctx context.Context, t *testing.T, want string) {
-	t.Helper()
-	for {
-		select {
-		case line, ok := <-c.lines:
-			if !ok {
-				c.drain()
-				err := c.cmd.Wait()
-				t.Fatalf("child exited (%v) before %q; stdout %q; stderr:\n%s", err, want, c.seen, c.stderr)
-			}
-			c.seen = append(c.seen, line)
-			if line == want {
-				return
-			}
-		case <-ctx.Done():
-			_ = c.cmd.Process.Kill()
-			c.drain()
-			_ = c.cmd.Wait()
-			t.Fatalf("no %q from the child: %v; stdout %q; stderr:\n%s", want, ctx.Err(), c.seen, c.stderr)
-		}
-	}
-}
-
-func (c *crashChild) drain() {
-	for line := range c.lines {
-		c.seen = append(c.seen, line)
-	}
-}
-
-// kill SIGKILLs the child and reaps it.
-func (c *crashChild) kill(t *testing.T) {
-	t.Helper()
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatalf("kill child: %v", err)
-	}
-	c.drain()
-	_ = c.cmd.Wait()
-	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("child ended with %v, want killed by SIGKILL; stderr:\n%s", c.cmd.ProcessState, c.stderr)
-	}
-}
-
-// exit waits for the child to finish successfully.
-func (c *crashChild) exit(t *testing.T) {
-	t.Helper()
-	c.drain()
-	if err := c.cmd.Wait(); err != nil {
-		t.Fatalf("child failed after DONE: %v; stdout %q; stderr:\n%s", err, c.seen, c.stderr)
-	}
+	return crash.StartProcess(t, cfg.env(), "-test.run=^TestCrashMatrixChild$", "-test.count=1")
 }
 
 // TestCrashMatrixChild is the child process of TestCrashMatrix. Run

@@ -20,6 +20,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport/crash"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
 
@@ -140,7 +141,7 @@ type lateKeyAgent struct {
 	store *store.Store
 	view  journal.PrincipalStore
 	keys  *lateRoomKeys
-	log   *lockedBuffer
+	log   *crash.LogBuffer
 }
 
 // startLateKeyAgent signs w's agent in on w's storage and starts its
@@ -180,7 +181,7 @@ func startLateKeyAgent(w *e2eeCrashWorld) *lateKeyAgent {
 		}
 	})
 	b := &lateKeyAgent{t: t, ctx: ctx, store: s, view: view,
-		keys: &lateRoomKeys{Client: client}, log: &lockedBuffer{}}
+		keys: &lateRoomKeys{Client: client}, log: &crash.LogBuffer{}}
 	log := zerolog.New(b.log).With().Timestamp().Logger()
 	machine, err := cryptoStore.Machine(ctx, e2ee.Options{Account: view.Principal().String(), Client: client,
 		PickleKey: pickleKey, Log: log})

@@ -2,7 +2,6 @@ package principal_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -11,11 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +27,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport/crash"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
 )
@@ -91,12 +89,12 @@ func init() {
 func TestKilledBetweenTheRoomKeyAndTheBatchCommitTheMessageIsAnsweredOnce(t *testing.T) {
 	w := newE2EECrashWorld(t)
 	c := w.start(pointAfterDeviceNews, "")
-	c.waitFor(w.ctx, t, "READY")
+	c.WaitFor(w.ctx, t, "READY")
 	w.createRoom()
 
 	question := w.alice.SendText(w.room, "Is this kept across a kill?")
-	c.waitFor(w.ctx, t, "AT "+pointAfterDeviceNews)
-	c.kill(t)
+	c.WaitFor(w.ctx, t, "AT "+pointAfterDeviceNews)
+	c.Kill(t)
 	// What the crypto engine took just before the kill.
 	replayed := c.valuesOf("TODEVICE")
 	next := c.valueOf(t, "NEXT")
@@ -106,7 +104,7 @@ func TestKilledBetweenTheRoomKeyAndTheBatchCommitTheMessageIsAnsweredOnce(t *tes
 			together = "the same one"
 		}
 	}
-	t.Logf("killed run: %q", c.seen)
+	t.Logf("killed run: %q", c.Seen)
 
 	// The kill landed between the two stores: the room key is in the
 	// crypto store, the response that brought it is not in the journal.
@@ -123,8 +121,8 @@ func TestKilledBetweenTheRoomKeyAndTheBatchCommitTheMessageIsAnsweredOnce(t *tes
 	}
 
 	c = w.start("", question)
-	c.waitFor(w.ctx, t, "DONE")
-	c.exit(t)
+	c.WaitFor(w.ctx, t, "DONE")
+	c.Exit(t)
 
 	// The response came again, to-device messages and all, and the
 	// crypto engine took them again without stopping the sync.
@@ -138,7 +136,7 @@ func TestKilledBetweenTheRoomKeyAndTheBatchCommitTheMessageIsAnsweredOnce(t *tes
 		}
 	}
 	if n := c.logged(syncFailed); n > 0 {
-		t.Errorf("after the restart the sync failed %d times:\n%s", n, c.stderr)
+		t.Errorf("after the restart the sync failed %d times:\n%s", n, c.Stderr())
 	}
 	t.Logf("the restart's crypto engine logged %d duplicate olm messages", c.logged("Ignoring duplicate olm message"))
 
@@ -146,7 +144,7 @@ func TestKilledBetweenTheRoomKeyAndTheBatchCommitTheMessageIsAnsweredOnce(t *tes
 	defer closeJournal()
 	w.checkSettled(v)
 	reply := w.checkAnsweredOnce(v, question, "echo: Is this kept across a kill?")
-	t.Logf("restart: %q", c.seen)
+	t.Logf("restart: %q", c.Seen)
 	t.Logf("killed after the device news of a response with %d to-device messages, the question in %s; answered once, as %s",
 		len(replayed), together, reply)
 }
@@ -154,15 +152,15 @@ func TestKilledBetweenTheRoomKeyAndTheBatchCommitTheMessageIsAnsweredOnce(t *tes
 func TestKilledBetweenAnEncryptedSendAndItsAckANewDeviceFindsTheReplyInItsCiphertext(t *testing.T) {
 	w := newE2EECrashWorld(t)
 	c := w.start(pointAfterEncryptedAccept, "")
-	c.waitFor(w.ctx, t, "READY")
+	c.WaitFor(w.ctx, t, "READY")
 	oldDevice := c.valueOf(t, "DEVICE")
 	w.createRoom()
 
 	question := w.alice.SendText(w.room, "Will you say this once?")
-	c.waitFor(w.ctx, t, "AT "+pointAfterEncryptedAccept)
-	c.kill(t)
+	c.WaitFor(w.ctx, t, "AT "+pointAfterEncryptedAccept)
+	c.Kill(t)
 	accepted := c.valueOf(t, "ACCEPTED")
-	t.Logf("killed run: %q", c.seen)
+	t.Logf("killed run: %q", c.Seen)
 
 	// The kill landed between the send and its acknowledgement.
 	v, closeJournal := w.openJournal()
@@ -179,9 +177,9 @@ func TestKilledBetweenAnEncryptedSendAndItsAckANewDeviceFindsTheReplyInItsCipher
 		t.Fatal(err)
 	}
 	c = w.start("", question)
-	c.waitFor(w.ctx, t, "DONE")
-	c.exit(t)
-	t.Logf("restart: %q", c.seen)
+	c.WaitFor(w.ctx, t, "DONE")
+	c.Exit(t)
+	t.Logf("restart: %q", c.Seen)
 	if newDevice := c.valueOf(t, "DEVICE"); newDevice == oldDevice {
 		t.Fatalf("the restart signed in on device %s again; the test needs a new one", oldDevice)
 	}
@@ -247,35 +245,11 @@ func (w *e2eeCrashWorld) createRoom() {
 // no point, until the question is answered and nothing is owed.
 func (w *e2eeCrashWorld) start(point, question string) *e2eeCrashChild {
 	w.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		envE2EECrashDir+"="+w.dir, envE2EECrashServer+"="+hs.URL, envE2EECrashUser+"="+w.bot.UserID,
 		envE2EECrashPassword+"="+w.bot.Password, envE2EECrashPoint+"="+point,
 		envE2EECrashRoom+"="+w.room, envE2EECrashEvent+"="+question)
-	c := &e2eeCrashChild{cmd: cmd, lines: make(chan string, 256), stderr: &lockedBuffer{}}
-	cmd.Stderr = c.stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		w.t.Fatalf("child stdout: %v", err)
-	}
-	if err := cmd.Start(); err != nil {
-		w.t.Fatalf("start child: %v", err)
-	}
-	go func() {
-		defer close(c.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-	}()
-	w.t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			c.drain()
-			_ = cmd.Wait()
-		}
-	})
-	return c
+	return &e2eeCrashChild{crash.StartProcess(w.t, env, "-test.run=^$")}
 }
 
 // e2eeCrashJournal is the journal a child left, opened read-only.
@@ -395,69 +369,12 @@ func (w *e2eeCrashWorld) checkAnsweredOnce(v e2eeCrashJournal, question, want st
 }
 
 // e2eeCrashChild is one run of the child process, seen from the parent.
-type e2eeCrashChild struct {
-	cmd    *exec.Cmd
-	lines  chan string
-	stderr *lockedBuffer
-	seen   []string
-}
-
-// waitFor reads the child's stdout until a line equals want.
-func (c *e2eeCrashChild) waitFor(ctx context.Context, t *testing.T, want string) {
-	t.Helper()
-	for {
-		select {
-		case line, ok := <-c.lines:
-			if !ok {
-				err := c.cmd.Wait()
-				t.Fatalf("child exited (%v) before %q; stdout %q; stderr:\n%s", err, want, c.seen, c.stderr)
-			}
-			c.seen = append(c.seen, line)
-			if line == want {
-				return
-			}
-		case <-ctx.Done():
-			_ = c.cmd.Process.Kill()
-			c.drain()
-			_ = c.cmd.Wait()
-			t.Fatalf("no %q from the child: %v; stdout %q; stderr:\n%s", want, ctx.Err(), c.seen, c.stderr)
-		}
-	}
-}
-
-func (c *e2eeCrashChild) drain() {
-	for line := range c.lines {
-		c.seen = append(c.seen, line)
-	}
-}
-
-// kill SIGKILLs the child and checks that the signal is what ended it.
-func (c *e2eeCrashChild) kill(t *testing.T) {
-	t.Helper()
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatalf("kill child: %v", err)
-	}
-	c.drain()
-	_ = c.cmd.Wait()
-	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("child ended with %v, want killed by SIGKILL; stderr:\n%s", c.cmd.ProcessState, c.stderr)
-	}
-}
-
-// exit waits for the child to finish successfully.
-func (c *e2eeCrashChild) exit(t *testing.T) {
-	t.Helper()
-	c.drain()
-	if err := c.cmd.Wait(); err != nil {
-		t.Fatalf("child failed after DONE: %v; stdout %q; stderr:\n%s", err, c.seen, c.stderr)
-	}
-}
+type e2eeCrashChild struct{ *crash.Process }
 
 // valuesOf returns what follows "<key> " on each line the child printed.
 func (c *e2eeCrashChild) valuesOf(key string) []string {
 	var out []string
-	for _, line := range c.seen {
+	for _, line := range c.Seen {
 		if v, ok := strings.CutPrefix(line, key+" "); ok {
 			out = append(out, v)
 		}
@@ -470,7 +387,7 @@ func (c *e2eeCrashChild) valueOf(t *testing.T, key string) string {
 	t.Helper()
 	vs := c.valuesOf(key)
 	if len(vs) != 1 {
-		t.Fatalf("the child printed %d %s lines, want one; stdout %q", len(vs), key, c.seen)
+		t.Fatalf("the child printed %d %s lines, want one; stdout %q", len(vs), key, c.Seen)
 	}
 	return vs[0]
 }
@@ -478,7 +395,7 @@ func (c *e2eeCrashChild) valueOf(t *testing.T, key string) string {
 // logged counts the child's log records with message msg.
 func (c *e2eeCrashChild) logged(msg string) int {
 	n := 0
-	sc := bufio.NewScanner(strings.NewReader(c.stderr.String()))
+	sc := bufio.NewScanner(strings.NewReader(c.Stderr()))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var rec struct {
@@ -489,24 +406,6 @@ func (c *e2eeCrashChild) logged(msg string) int {
 		}
 	}
 	return n
-}
-
-// lockedBuffer is a child's stderr, readable while the child writes it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // The child.
