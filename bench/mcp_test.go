@@ -23,6 +23,7 @@ import (
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/mcpserver"
 	"github.com/mindroomd/mindroomd/store"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
 
@@ -308,7 +309,7 @@ agents:
 		b.Fatal(err)
 	}
 	cmd := exec.Command(bin, "mcp", "-config", cfg, "-agent", mcpAgent, "-api", base)
-	stderr := &lockedBuffer{}
+	stderr := &logbuf.Buffer{}
 	cmd.Stderr = stderr
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -354,23 +355,4 @@ func pipeSession(b *testing.B, base string) *mcp.ClientSession {
 		_ = ss.Close()
 	})
 	return cs
-}
-
-// lockedBuffer is a child's stderr, written by exec's copying goroutine and
-// read on failure.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // accounts numbers the accounts registered on the shared server, whose
@@ -49,29 +50,11 @@ func deadline(t *testing.T) context.Context {
 	return ctx
 }
 
-// logBuffer collects a machine's records.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // agent is one start of the bot: its login, crypto store and machine.
 type agent struct {
 	mach  *e2ee.Machine
 	store *e2ee.Store
-	log   *logBuffer
+	log   *logbuf.Buffer
 	once  sync.Once
 }
 
@@ -92,7 +75,7 @@ func start(t *testing.T, acct dendrite.Account, dir string, hc *http.Client) *ag
 	if err != nil {
 		t.Fatalf("open crypto store: %v", err)
 	}
-	a := &agent{store: store, log: &logBuffer{}}
+	a := &agent{store: store, log: &logbuf.Buffer{}}
 	a.mach, err = store.Machine(ctx, e2ee.Options{
 		Account: "bot@" + acct.UserID, Client: client, PickleKey: []byte("k"), Log: zerolog.New(a.log),
 	})

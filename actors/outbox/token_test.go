@@ -1,10 +1,8 @@
 package outbox_test
 
 import (
-	"bytes"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/actors/outbox"
 	"github.com/mindroomd/mindroomd/journal"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // A send refused for its access token (the session signed out, a password
@@ -23,7 +22,7 @@ func TestASendRefusedForItsTokenStaysOwedAndGoesOutOnceALoginIsAccepted(t *testi
 	v := h.principal("helper", "@bot:example.org")
 	srv := newFakeHomeserver("srv")
 	h.enqueue(v, journal.EnqueueRequest{DeliveryID: "reply-1", Content: text("hello")})
-	logged := &syncWriter{}
+	logged := &logbuf.Buffer{}
 	a := h.spawn(v, srv, func(d *outbox.Deps) { d.Log = zerolog.New(logged) })
 	const refusals = 3
 	for i := range refusals {
@@ -47,22 +46,4 @@ func TestASendRefusedForItsTokenStaysOwedAndGoesOutOnceALoginIsAccepted(t *testi
 	if n := strings.Count(logged.String(), "refused the access token"); n != 1 {
 		t.Errorf("the refusal was logged %d times, want once:\n%s", n, logged.String())
 	}
-}
-
-// syncWriter keeps a log the actor writes from its own goroutine.
-type syncWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }

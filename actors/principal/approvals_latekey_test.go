@@ -20,8 +20,8 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/matrix"
 	"github.com/mindroomd/mindroomd/store"
-	"github.com/mindroomd/mindroomd/testsupport/crash"
 	"github.com/mindroomd/mindroomd/testsupport/e2eeperson"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // A person's vote on a tool-approval card in an encrypted room, whose
@@ -141,7 +141,7 @@ type lateKeyAgent struct {
 	store *store.Store
 	view  journal.PrincipalStore
 	keys  *lateRoomKeys
-	log   *crash.LogBuffer
+	log   *logbuf.Buffer
 }
 
 // startLateKeyAgent signs w's agent in on w's storage and starts its
@@ -181,7 +181,7 @@ func startLateKeyAgent(w *e2eeCrashWorld) *lateKeyAgent {
 		}
 	})
 	b := &lateKeyAgent{t: t, ctx: ctx, store: s, view: view,
-		keys: &lateRoomKeys{Client: client}, log: &crash.LogBuffer{}}
+		keys: &lateRoomKeys{Client: client}, log: &logbuf.Buffer{}}
 	log := zerolog.New(b.log).With().Timestamp().Logger()
 	machine, err := cryptoStore.Machine(ctx, e2ee.Options{Account: view.Principal().String(), Client: client,
 		PickleKey: pickleKey, Log: log})

@@ -22,6 +22,7 @@ import (
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // endpoint is a kind of request the daemon makes to its homeserver.
@@ -239,7 +240,7 @@ func (d *inProcess) awaitLog(t *testing.T, msg string, n int) []logLine {
 // awaitLog waits until log holds n records with message msg, and returns
 // them. It fails the test if a minute passes first, or if exited, when
 // set, reports that the daemon writing log has exited.
-func awaitLog(t *testing.T, log *syncBuffer, exited func() (int, bool), msg string, n int) []logLine {
+func awaitLog(t *testing.T, log *logbuf.Buffer, exited func() (int, bool), msg string, n int) []logLine {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; {
 		if lines := logLines(log.String(), msg); len(lines) >= n {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/mcpserver"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // An agent that works through `mindroomd mcp` is answered once however the
@@ -51,7 +52,7 @@ func TestAnMCPAgentKilledBetweenItsReplyAndTheAcknowledgementGetsOneMessage(t *t
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	var logs []*syncBuffer
+	var logs []*logbuf.Buffer
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i, l := range logs {
@@ -460,7 +461,7 @@ func mcpStdioSession(t *testing.T, w *mcpWatch, protocol string, args ...string)
 	}
 	cmd := exec.Command(bin, append([]string{"mcp"}, args...)...)
 	cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	stderr := &syncBuffer{}
+	stderr := &logbuf.Buffer{}
 	cmd.Stderr = stderr
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

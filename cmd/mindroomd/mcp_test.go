@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // mcpCommandSession starts the built binary's mcp subcommand with args and
@@ -179,7 +181,7 @@ func TestMCPCommandEndsOnASignal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer in.Close()
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

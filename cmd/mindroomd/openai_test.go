@@ -22,6 +22,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/journal"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 	"github.com/mindroomd/mindroomd/testsupport/modelstub"
 )
 
@@ -346,14 +347,14 @@ func startFinalHold(t *testing.T, homeserver string) *finalHold {
 // daemonProcess is mindroomd run as a child process.
 type daemonProcess struct {
 	cmd *exec.Cmd
-	log *syncBuffer
+	log *logbuf.Buffer
 }
 
 func startDaemonProcess(t *testing.T, bin, cfg string) *daemonProcess {
 	t.Helper()
 	cmd := exec.Command(bin, "run", "-config", cfg)
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

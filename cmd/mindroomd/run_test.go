@@ -11,33 +11,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mindroomd/mindroomd/testsupport"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 	"github.com/mindroomd/mindroomd/testsupport/mx"
 )
-
-// syncBuffer is a log the daemon writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // writeDaemonConfig writes a configuration of one echo agent, its secret in
 // a file beside it, and returns its path.
@@ -111,7 +93,7 @@ func TestRunAnswersThroughTheEchoAgentAndStopsCleanly(t *testing.T) {
 	storage := t.TempDir()
 	cfg := writeDaemonConfig(t, hs.URL, bot, storage)
 
-	start := func() (func() int, *syncBuffer) {
+	start := func() (func() int, *logbuf.Buffer) {
 		d := runInProcess(cfg)
 		return func() int { return d.stop(t) }, d.log
 	}
@@ -200,7 +182,7 @@ func TestASIGTERMWithRepliesInFlightLosesNothingAndAnswersNothingTwice(t *testin
 	start := func() *exec.Cmd {
 		cmd := exec.Command(bin, "run", "-config", cfg)
 		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
-		cmd.Stderr = &syncBuffer{}
+		cmd.Stderr = &logbuf.Buffer{}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +280,7 @@ agents:
 }
 
 // metricsOf scrapes the metrics of the daemon whose log is log.
-func metricsOf(t *testing.T, log *syncBuffer) string {
+func metricsOf(t *testing.T, log *logbuf.Buffer) string {
 	t.Helper()
 	addr := daemonAddress(t, log)
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -412,7 +394,7 @@ func TestAnOutsideAgentAnswersThroughTheDaemonsAPI(t *testing.T) {
 // daemonAddress waits for the daemon whose log is log to say it runs, and
 // returns the address it listens on. The start-up line is the daemon's only
 // signal, so the log is read until it appears or a minute passes.
-func daemonAddress(t *testing.T, log *syncBuffer) string {
+func daemonAddress(t *testing.T, log *logbuf.Buffer) string {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
@@ -474,7 +456,7 @@ func TestBackupCopiesTheJournalBesideAWritingStoreAndRefusesToOverwrite(t *testi
 
 // inProcess is `mindroomd run` running in this test's process.
 type inProcess struct {
-	log    *syncBuffer
+	log    *logbuf.Buffer
 	done   chan int // its exit code, once it returned
 	cancel context.CancelFunc
 }
@@ -483,7 +465,7 @@ type inProcess struct {
 // main would, until stop.
 func runInProcess(cfg string) *inProcess {
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &inProcess{log: &syncBuffer{}, done: make(chan int, 1), cancel: cancel}
+	d := &inProcess{log: &logbuf.Buffer{}, done: make(chan int, 1), cancel: cancel}
 	go func() { d.done <- execute(ctx, []string{"run", "-config", cfg}, &bytes.Buffer{}, d.log) }()
 	return d
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/mindroomd/mindroomd/api"
 	"github.com/mindroomd/mindroomd/testsupport/dendrite"
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 	"github.com/mindroomd/mindroomd/testsupport/modelstub"
 )
 
@@ -112,12 +113,12 @@ func capture(t *testing.T, args ...string) (int, string, string) {
 // daemonRun is `mindroomd run` in this process with its output captured.
 type daemonRun struct {
 	*inProcess
-	out *syncBuffer
+	out *logbuf.Buffer
 }
 
 func startCaptured(cfg string) *daemonRun {
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemonRun{inProcess: &inProcess{log: &syncBuffer{}, done: make(chan int, 1), cancel: cancel}, out: &syncBuffer{}}
+	d := &daemonRun{inProcess: &inProcess{log: &logbuf.Buffer{}, done: make(chan int, 1), cancel: cancel}, out: &logbuf.Buffer{}}
 	go func() { d.done <- execute(ctx, []string{"run", "-config", cfg}, d.out, d.log) }()
 	return d
 }
@@ -484,7 +485,7 @@ func TestTheDaemonKeepsItsStoragePrivateWhateverTheUmask(t *testing.T) {
 
 	probe := filepath.Join(work, "umask-probe")
 	cmd := umaskZero(bin, probe, "run", "-config", cfg)
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -2,13 +2,13 @@ package crash
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
-	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/mindroomd/mindroomd/testsupport/logbuf"
 )
 
 // Process is a child run of the test binary, seen from the parent, which
@@ -18,7 +18,7 @@ import (
 type Process struct {
 	cmd    *exec.Cmd
 	lines  chan string
-	stderr LogBuffer
+	stderr logbuf.Buffer
 	// Seen is every line read from the child's stdout so far.
 	Seen []string
 }
@@ -111,25 +111,4 @@ func (p *Process) Exit(t *testing.T) {
 	if err := p.cmd.Wait(); err != nil {
 		t.Fatalf("child failed: %v; stdout %q; stderr:\n%s", err, p.Seen, p.Stderr())
 	}
-}
-
-// LogBuffer is a log, such as a child's stderr, that may be read while it
-// is written.
-type LogBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write appends p.
-func (b *LogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String is everything written so far.
-func (b *LogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
