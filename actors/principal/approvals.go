@@ -56,6 +56,19 @@ type memberLister interface {
 // there is not judged now, and stays pending for a retry.
 var errMembersUnknown = errors.New("the room's members could not be read")
 
+// errCardInFlight reports a vote on no acknowledged card in a room where a
+// card's acknowledgement is still to be recorded: the homeserver takes a
+// card, a person sees it and votes, and the sync can bring that vote
+// before the send's answer is recorded. The vote stays pending, and is
+// judged again once the card is acknowledged.
+var errCardInFlight = errors.New("a card of the room is not acknowledged yet")
+
+// judgedLater reports whether err leaves a vote pending, to be judged
+// again, rather than failing what judged it.
+func judgedLater(err error) bool {
+	return errors.Is(err, errMembersUnknown) || errors.Is(err, errCardInFlight)
+}
+
 // approvalState is the actor's approval bookkeeping.
 type approvalState struct {
 	// rescan is set when a pending vote could not be judged: the next
@@ -117,8 +130,19 @@ func (a *principalActor) cardEvent(ctx context.Context, ev *journal.Event) (hand
 	switch {
 	case err != nil:
 		return false, err
-	case !found || call.RoomID != ev.RoomID:
-		// Not a card of this room: an ordinary reaction or reply.
+	case !found:
+		inFlight, err := a.cardInFlight(ctx, ev.RoomID)
+		if err != nil {
+			return false, err
+		}
+		if inFlight {
+			a.approvals.rescanNow()
+			return true, errCardInFlight
+		}
+		// Not a card: an ordinary reaction or reply.
+		return false, nil
+	case call.RoomID != ev.RoomID:
+		// Another room's card.
 		return false, nil
 	}
 	now := a.deps.Now().UnixMilli()
@@ -156,6 +180,25 @@ func (a *principalActor) cardEvent(ctx context.Context, ev *journal.Event) (hand
 		log.Info().Stringer("state", decided.State).Msg("Call decided")
 	}
 	return true, nil
+}
+
+// cardInFlight reports whether room has an open call whose card's
+// acknowledgement is not recorded yet.
+func (a *principalActor) cardInFlight(ctx context.Context, room string) (bool, error) {
+	open, err := a.deps.Store.OpenApprovals(ctx, room)
+	if err != nil {
+		return false, fmt.Errorf("read open calls: %w", err)
+	}
+	for _, call := range open {
+		_, card, found, err := a.deps.Store.Approval(ctx, call.CallID)
+		if err != nil {
+			return false, fmt.Errorf("read call %s: %w", call.CallID, err)
+		}
+		if found && card == "" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // cardRemoved withdraws the call whose card ev redacts, and settles ev.
@@ -212,7 +255,7 @@ func (a *principalActor) judgeBatch(ctx context.Context, in []journal.Inbound, r
 				return
 			}
 			a.approvals.rescan.Store(true)
-			a.log.Warn().Err(err).Str("event_id", ev.ID).Msg("A vote could not be judged; it stays pending and is judged again")
+			a.logLeftPending(err, ev.ID)
 		}
 	}
 }
@@ -401,10 +444,10 @@ func (a *principalActor) scanPending(ctx context.Context) error {
 		}
 		for _, e := range page.Events {
 			if _, err := a.pendingCardEvent(ctx, e); err != nil {
-				if !errors.Is(err, errMembersUnknown) {
+				if !judgedLater(err) {
 					return err
 				}
-				a.log.Warn().Err(err).Str("event_id", e.EventID).Msg("A vote could not be judged; it stays pending and is judged again")
+				a.logLeftPending(err, e.EventID)
 			}
 		}
 		if !page.More {
@@ -412,6 +455,16 @@ func (a *principalActor) scanPending(ctx context.Context) error {
 		}
 		after = page.Next
 	}
+}
+
+// logLeftPending logs a vote left pending by err: a warning, unless it
+// only waits for its card's acknowledgement, which comes in moments.
+func (a *principalActor) logLeftPending(err error, eventID string) {
+	rec := a.log.Warn()
+	if errors.Is(err, errCardInFlight) {
+		rec = a.log.Debug()
+	}
+	rec.Err(err).Str("event_id", eventID).Msg("A vote could not be judged; it stays pending and is judged again")
 }
 
 // turnApprovals returns the calls asked about for e's turn, and whether

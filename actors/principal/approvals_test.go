@@ -302,6 +302,55 @@ func TestAnApproversReactionDecidesOnceAndEveryLaterVoteIsConsumed(t *testing.T)
 	}
 }
 
+func TestAVoteThatOvertakesItsCardsAcknowledgementDecidesOnceTheAcknowledgementIsRecorded(t *testing.T) {
+	r := newApprovalRig(t)
+	r.ask("c1")
+	// The homeserver took the card, alice voted on it, and the sync
+	// brings the card's echo and her vote before the outbox has recorded
+	// the send's answer.
+	r.sync(mx.Message("$card", apBot, 1900, "the card"), mx.Reaction("$yes", apAlice, 2000, "$card", "✅"))
+	if c := r.call("c1"); c.State != journal.ApprovalOpen {
+		t.Fatalf("before the card's acknowledgement the call is %+v, want open", c)
+	}
+	if got := r.pendingIDs(); !slices.Equal(got, []string{"$q", "$yes"}) {
+		t.Fatalf("pending = %v: the vote waits, pending", got)
+	}
+	// The worker, finding it pending meanwhile, does not make it a turn.
+	if err := r.offer("$yes"); !errors.Is(err, errCardInFlight) {
+		t.Fatalf("offering the early vote: %v, want it left to the approvals loop", err)
+	}
+	if turns := r.agent.offered(); len(turns) != 0 {
+		t.Fatalf("the agent was offered %d turns; a vote is never work", len(turns))
+	}
+	if !r.a.approvals.rescan.Load() {
+		t.Fatal("the early vote asked for no second look")
+	}
+	// The acknowledgement is recorded: the loop's next look decides.
+	r.sendCard("c1", "$card")
+	if err := r.a.scanPending(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.call("c1"); c.State != journal.ApprovalApproved || c.DecisionEventID != "$yes" {
+		t.Fatalf("after the card's acknowledgement the call is %+v, want approved by $yes", c)
+	}
+	if got := r.pendingIDs(); !slices.Equal(got, []string{"$q"}) {
+		t.Fatalf("pending = %v: the vote is settled", got)
+	}
+	// With no card in flight, a ✅ on anything else is an ordinary event.
+	r.sync(mx.Message("$chat", apBob, 3000, "lunch?"), mx.Reaction("$lunch", apAlice, 3001, "$chat", "✅"))
+	if got := r.pendingIDs(); !slices.Contains(got, "$lunch") {
+		t.Fatalf("pending = %v: a ✅ on a message is work like any reaction", got)
+	}
+	for _, e := range r.pending() {
+		if e.EventID != "$lunch" {
+			continue
+		}
+		if handled, err := r.a.pendingCardEvent(r.ctx, e); handled || err != nil {
+			t.Fatalf("an ordinary ✅ was taken for a vote: handled %v, %v", handled, err)
+		}
+	}
+}
+
 func TestAReplyDeniesAndStrangersAndOtherRoomsDecideNothing(t *testing.T) {
 	r := newApprovalRig(t)
 	r.ask("c1")

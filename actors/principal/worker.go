@@ -103,6 +103,10 @@ func (a *principalActor) offerBacklog(ctx context.Context, retries map[string]re
 				r.until = a.deps.Now().Add(backoffAfter(r.failures, a.deps.BackoffBase, a.deps.BackoffMax))
 				retries[e.EventID] = r
 				next = earliest(next, r.until)
+				if errors.Is(err, errCardInFlight) {
+					// A vote, no turn: the approvals loop judges it.
+					continue
+				}
 				a.log.Warn().Err(err).Str("event_id", e.EventID).Int("failures", r.failures).
 					Time("retry_at", r.until).Msg("Turn failed; the event stays pending")
 				continue
