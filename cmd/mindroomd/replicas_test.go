@@ -342,7 +342,8 @@ func (w *replicaWorld) checkAnsweredOnce() int {
 	return len(asked)
 }
 
-// metric reads one counter or gauge of the replica named id.
+// metric reads one counter or gauge of the replica named id (0 when it
+// has none).
 func (w *replicaWorld) metric(id, name string) float64 {
 	w.t.Helper()
 	// On loopback the metrics need no token; the agent's goes unread.
@@ -350,17 +351,7 @@ func (w *replicaWorld) metric(id, name string) float64 {
 	if status != http.StatusOK {
 		w.t.Fatalf("metrics of %s: %d %s", id, status, body)
 	}
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				w.t.Fatal(err)
-			}
-			return f
-		}
-	}
-	w.t.Fatalf("replica %s has no metric %s", id, name)
-	return 0
+	return sampleOf(w.t, body, name)
 }
 
 // originMS is an event's origin_server_ts.
